@@ -1,0 +1,68 @@
+"""Save/load for sparkdist models: Spark ML metadata JSON plus the model's own artifacts.
+
+A model class mixes in :class:`PersistentModel` and implements ``_state()`` (a JSON-able
+dict stored in the metadata), ``_save_artifacts(path)`` and ``_from_state(state, path)``.
+Nothing on the load path unpickles.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyspark.ml.util import (
+    DefaultParamsReader,
+    DefaultParamsWriter,
+    MLReadable,
+    MLReader,
+    MLWritable,
+    MLWriter,
+)
+
+STATE_KEY = "sparkdistState"
+
+
+class _ModelWriter(MLWriter):
+    def __init__(self, instance: PersistentModel) -> None:
+        super().__init__()
+        self.instance = instance
+
+    def saveImpl(self, path: str) -> None:
+        self.instance._save_artifacts(path)
+        DefaultParamsWriter.saveMetadata(
+            self.instance, path, self.sparkSession, extraMetadata={STATE_KEY: self.instance._state()}
+        )
+
+
+class _ModelReader(MLReader):
+    def __init__(self, cls: type[PersistentModel]) -> None:
+        super().__init__()
+        self.cls = cls
+
+    def load(self, path: str) -> PersistentModel:
+        expected = f"{self.cls.__module__}.{self.cls.__name__}"
+        metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession, expected)
+        instance = self.cls._from_state(metadata[STATE_KEY], path)
+        instance._resetUid(metadata["uid"])
+        DefaultParamsReader.getAndSetParams(instance, metadata)
+        return instance
+
+
+class PersistentModel(MLReadable, MLWritable):
+    """Mixin giving a model ``write()``/``read()`` built on its state and artifacts."""
+
+    def write(self) -> MLWriter:
+        return _ModelWriter(self)
+
+    @classmethod
+    def read(cls) -> MLReader:
+        return _ModelReader(cls)
+
+    def _state(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _save_artifacts(self, path: str) -> None:
+        """Write artifacts under ``path`` (default: none)."""
+
+    @classmethod
+    def _from_state(cls, state: dict[str, Any], path: str) -> PersistentModel:
+        raise NotImplementedError
