@@ -22,15 +22,15 @@ STATE_KEY = "sparkdistState"
 
 
 class _ModelWriter(MLWriter):
-    def __init__(self, instance: PersistentModel) -> None:
+    def __init__(self, instance: Any) -> None:  # a Params that is a PersistentModel
         super().__init__()
         self.instance = instance
 
     def saveImpl(self, path: str) -> None:
         self.instance._save_artifacts(path)
-        DefaultParamsWriter.saveMetadata(
-            self.instance, path, self.sparkSession, extraMetadata={STATE_KEY: self.instance._state()}
-        )
+        # Metadata last: a directory without it is never taken for a saved model.
+        state = {STATE_KEY: self.instance._state()}
+        DefaultParamsWriter.saveMetadata(self.instance, path, self.sparkSession, state)
 
 
 class _ModelReader(MLReader):
@@ -41,7 +41,7 @@ class _ModelReader(MLReader):
     def load(self, path: str) -> PersistentModel:
         expected = f"{self.cls.__module__}.{self.cls.__name__}"
         metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession, expected)
-        instance = self.cls._from_state(metadata[STATE_KEY], path)
+        instance: Any = self.cls._from_state(metadata[STATE_KEY], path)
         instance._resetUid(metadata["uid"])
         DefaultParamsReader.getAndSetParams(instance, metadata)
         return instance

@@ -62,8 +62,11 @@ def _default_conf(master: str) -> dict[str, str]:
 
 
 def _local_cores(master: str) -> int:
-    """Task slots of a local master: local[4] -> 4, local-cluster[2,1,1024] -> 2, local[*] -> CPUs."""
-    inner = master[master.find("[") + 1 : master.find("]")] if "[" in master else ""
+    """Task slots of a local master: local -> 1, local[4] -> 4, local[*] -> CPUs,
+    local-cluster[2,1,1024] -> 2."""
+    if "[" not in master:
+        return 1
+    inner = master[master.find("[") + 1 : master.find("]")]
     if master.startswith("local-cluster"):
         workers, cores = inner.split(",")[:2]
         return int(workers) * int(cores)

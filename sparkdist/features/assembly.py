@@ -36,26 +36,26 @@ _TMP = "_sparkdist_"  # prefix of the working columns a transform adds and drops
 
 
 class _FeatureAssemblerParams(HasLabelCol, HasOutputCol):
-    numericCols: Param[list[str]] = Param(
+    numericCols: Param[Any] = Param(
         Params._dummy(), "numericCols", "numeric input columns (any numeric or boolean type)",
         typeConverter=TypeConverters.toListString,
     )
-    categoricalCols: Param[list[str]] = Param(
+    categoricalCols: Param[Any] = Param(
         Params._dummy(), "categoricalCols",
         "categorical input columns, indexed and one-hot encoded; unseen values encode as zeros",
         typeConverter=TypeConverters.toListString,
     )
-    vectorCols: Param[list[str]] = Param(
+    vectorCols: Param[Any] = Param(
         Params._dummy(), "vectorCols", "input columns that already hold ML vectors",
         typeConverter=TypeConverters.toListString,
     )
-    nullPolicy: Param[str] = Param(
+    nullPolicy: Param[Any] = Param(
         Params._dummy(), "nullPolicy",
         "nulls in input columns: 'error' (refuse at fit), 'drop' (drop the row) or 'impute' "
         "(training mean for numeric, most frequent value for categorical columns)",
         typeConverter=TypeConverters.toString,
     )
-    standardize: Param[bool] = Param(
+    standardize: Param[Any] = Param(
         Params._dummy(), "standardize",
         "scale numeric columns to zero mean and unit variance (training statistics)",
         typeConverter=TypeConverters.toBoolean,
@@ -97,14 +97,14 @@ class FeatureAssembler(Estimator, _FeatureAssemblerParams, DefaultParamsReadable
                  labelCol: str = "label", outputCol: str = "features",
                  nullPolicy: str = "error", standardize: bool = False) -> None:
         super().__init__()
-        self._set(**self._input_kwargs)
+        self._set(**self._input_kwargs)  # type: ignore[attr-defined]
 
     @keyword_only
     def setParams(self, *, numericCols: list[str] | None = None,
                   categoricalCols: list[str] | None = None, vectorCols: list[str] | None = None,
                   labelCol: str = "label", outputCol: str = "features",
                   nullPolicy: str = "error", standardize: bool = False) -> FeatureAssembler:
-        return self._set(**self._input_kwargs)
+        return self._set(**self._input_kwargs)  # type: ignore[attr-defined]
 
     def _fit(self, dataset: DataFrame) -> FeatureAssemblerModel:
         self._validate(dataset.schema)
@@ -232,7 +232,7 @@ class FeatureAssemblerModel(Model, _FeatureAssemblerParams, PersistentModel):
         kind = {"numericCols": "double", "categoricalCols": "string"}.get(param)
         value = F.col(col) if kind is None else F.col(col).cast(kind)
         if col in self.fill:
-            value = F.coalesce(value, F.lit(self.fill[col]).cast(kind))
+            value = F.coalesce(value, F.lit(self.fill[col]).cast(kind or "double"))
         return value
 
     def _stage_plan(self) -> list[Any]:
@@ -260,6 +260,7 @@ class FeatureAssemblerModel(Model, _FeatureAssemblerParams, PersistentModel):
 
     # -- names and label ---------------------------------------------------------------
     def _feature_names(self, working: DataFrame) -> list[str]:
+        assert self._stages is not None
         names = list(self.getOrDefault(self.numericCols))
         indexers = [s for s in self._stages.stages if isinstance(s, StringIndexerModel)]
         for col, labels in zip(self.getOrDefault(self.categoricalCols),
@@ -269,6 +270,7 @@ class FeatureAssemblerModel(Model, _FeatureAssemblerParams, PersistentModel):
         if vectors:
             first = working.select(*vectors).where(
                 " AND ".join(f"`{c}` IS NOT NULL" for c in vectors)).first()
+            assert first is not None, "vectorCols are null in every row"
             for col in vectors:
                 names += [f"{col}[{j}]" for j in range(first[col].size)]
         return names

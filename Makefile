@@ -1,0 +1,51 @@
+# sparkdist: `make demo` runs the main job on local Spark; `make test` runs the test suite.
+# Both create .venv and install the pinned, tested dependency set (constraints.txt) first.
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+export SPARK_LOCAL_IP     ?= 127.0.0.1
+export GLOO_SOCKET_IFNAME ?= lo
+export PYSPARK_PYTHON     := $(abspath $(PY))
+export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
+
+.PHONY: setup demo test bench lint data check-java clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt | check-java
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "sparkdist needs Python 3.10 or newer; set PYTHON=python3.11 (or another) on the make command line.")'
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[all,dev]'
+	touch $@
+
+check-java:
+	@java="$${JAVA_HOME:+$$JAVA_HOME/bin/}java"; \
+	v=$$("$$java" -version 2>&1 | awk -F'"' '/version/ {print $$2}' | sed 's/^1\.//' | cut -d. -f1); \
+	if [ -z "$$v" ] || [ "$$v" -lt 17 ] 2>/dev/null; then \
+	  echo "sparkdist needs Java 17 or newer for Spark 4 (found: $${v:-no java})."; \
+	  echo "Install it (Debian/Ubuntu: sudo apt-get install openjdk-17-jre-headless;" \
+	       "macOS: brew install openjdk@17) and put java on PATH or set JAVA_HOME."; \
+	  exit 1; \
+	fi
+
+demo: setup
+	$(PY) jobs/train.py
+
+test: setup
+	$(PY) -m pytest -q --durations=15
+
+bench: setup
+	$(PY) bench/split_assembly.py
+
+lint: setup
+	$(PY) -m ruff check sparkdist tests jobs bench
+	$(PY) -m mypy sparkdist
+
+data: setup
+	$(PY) -m sparkdist.datasets data
+
+clean:
+	rm -rf $(VENV) spark-warehouse metastore_db derby.log .pytest_cache

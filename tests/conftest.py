@@ -1,0 +1,38 @@
+"""Shared fixtures: one local[2] SparkSession for the whole test session, and a seed."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+
+import pytest  # noqa: E402
+
+SEED = 20261201
+
+
+@pytest.fixture(scope="session")
+def spark():
+    from sparkdist.session import get_spark
+
+    session = get_spark(
+        master="local[2]",
+        app_name="sparkdist-tests",
+        conf={"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2"},
+    )
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def seed() -> int:
+    return SEED
+
+
+@pytest.fixture(scope="session")
+def churn_df(spark):
+    """10k churn rows with a known logistic ground truth, cached for the session."""
+    from sparkdist.datasets import churn
+
+    return churn(spark, n=10_000, seed=7, partitions=4).cache()
