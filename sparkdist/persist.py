@@ -18,6 +18,8 @@ from pyspark.ml.util import (
     MLWriter,
 )
 
+from sparkdist.store import atomic_directory
+
 STATE_KEY = "sparkdistState"
 
 
@@ -26,9 +28,14 @@ class _ModelWriter(MLWriter):
         super().__init__()
         self.instance = instance
 
+    def save(self, path: str) -> None:
+        """Write everything into a temporary directory that replaces ``path`` at the end, so a
+        failure never leaves a half-written model (and never destroys the old one)."""
+        with atomic_directory(path, overwrite=self.shouldOverwrite) as temp:
+            self.saveImpl(temp)
+
     def saveImpl(self, path: str) -> None:
         self.instance._save_artifacts(path)
-        # Metadata last: a directory without it is never taken for a saved model.
         state = {STATE_KEY: self.instance._state()}
         DefaultParamsWriter.saveMetadata(self.instance, path, self.sparkSession, state)
 
