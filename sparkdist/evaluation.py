@@ -1,30 +1,107 @@
-"""Metrics over Spark's own evaluators, so they scale with the data."""
+"""Metrics suited to a model's task, computed by Spark's own evaluators so they scale.
+
+``evaluate(model, df)`` scores any fitted sparkdist model, MLlib model or PipelineModel:
+classification -> AUC, PR-AUC, log-loss, accuracy, F1; regression -> RMSE, MAE, R2;
+recommendation -> RMSE, MAE and ranking@k (from the model's ``rankingMetrics``).
+"""
 
 from __future__ import annotations
 
-from pyspark.ml.evaluation import BinaryClassificationEvaluator, MulticlassClassificationEvaluator
+from typing import Any
+
+from pyspark.ml import Model, PipelineModel
+from pyspark.ml.evaluation import (
+    BinaryClassificationEvaluator,
+    MulticlassClassificationEvaluator,
+    RegressionEvaluator,
+)
 from pyspark.sql import DataFrame
 
 from sparkdist.columns import require_columns
+from sparkdist.exceptions import ParamError
+
+TASKS = ("classification", "regression", "recommendation")
 
 
-def binary_metrics(predictions: DataFrame, labelCol: str = "label",
-                   rawPredictionCol: str = "rawPrediction",
-                   predictionCol: str = "prediction") -> dict[str, float]:
-    """AUC (ROC and PR) and accuracy of a binary classifier's predictions.
+def evaluate(model: Model, df: DataFrame, k: int = 10) -> dict[str, float]:
+    """Score ``model`` on ``df`` (which holds the label) with the metrics of its task.
 
     Examples
     --------
-    >>> binary_metrics(model.transform(test), labelCol="cancelled_within_week")
-    {'auc': 0.81, 'pr_auc': 0.67, 'accuracy': 0.76}
+    >>> evaluate(pipeline_model, test)
+    {'auc': 0.82, 'pr_auc': 0.61, 'logloss': 0.47, 'accuracy': 0.77, 'f1': 0.52}
     """
-    require_columns(predictions.schema, [labelCol, rawPredictionCol, predictionCol],
-                    "predictions")
-    binary = BinaryClassificationEvaluator(labelCol=labelCol, rawPredictionCol=rawPredictionCol)
-    accuracy = MulticlassClassificationEvaluator(labelCol=labelCol, predictionCol=predictionCol,
-                                                 metricName="accuracy")
-    return {
-        "auc": binary.evaluate(predictions, {binary.metricName: "areaUnderROC"}),
-        "pr_auc": binary.evaluate(predictions, {binary.metricName: "areaUnderPR"}),
-        "accuracy": accuracy.evaluate(predictions),
-    }
+    final = final_stage(model)
+    task = task_of(final)
+    if task == "recommendation":
+        return dict(final.rankingMetrics(df, k=k))
+    predictions = model.transform(df).cache()
+    try:
+        if task == "regression":
+            return regression_metrics(predictions, **_cols(final, "labelCol", "predictionCol"))
+        return classification_metrics(predictions, **_cols(
+            final, "labelCol", "predictionCol", "probabilityCol", "rawPredictionCol"))
+    finally:
+        predictions.unpersist()
+
+
+def final_stage(model: Model) -> Any:
+    """The stage that makes the predictions: the last one of a PipelineModel."""
+    while isinstance(model, PipelineModel):
+        model = model.stages[-1]
+    return model
+
+
+def task_of(model: Any) -> str:
+    """A sparkdist model's declared task; for other models, inferred from their Params."""
+    task = getattr(model, "task", None)
+    if task is None:
+        if model.hasParam("probabilityCol"):
+            task = "classification"
+        elif model.hasParam("userCol"):
+            task = "recommendation"
+        else:
+            task = "regression"
+    if task not in TASKS:
+        raise ParamError(f"{type(model).__name__}.task={task!r} is not one of {TASKS}.")
+    return task
+
+
+def classification_metrics(predictions: DataFrame, labelCol: str = "label",
+                           predictionCol: str = "prediction",
+                           probabilityCol: str = "probability",
+                           rawPredictionCol: str = "rawPrediction") -> dict[str, float]:
+    """Binary: auc, pr_auc, logloss, accuracy, f1 (of class 1). Multiclass: logloss,
+    accuracy, f1 (weighted by class)."""
+    require_columns(predictions.schema, [labelCol, predictionCol, probabilityCol], "predictions")
+    first = predictions.select(probabilityCol).first()
+    binary = first is not None and first[0].size == 2
+    multi = MulticlassClassificationEvaluator(labelCol=labelCol, predictionCol=predictionCol,
+                                              probabilityCol=probabilityCol)
+    metrics: dict[str, float] = {}
+    if binary:
+        require_columns(predictions.schema, [rawPredictionCol], "predictions")
+        roc = BinaryClassificationEvaluator(labelCol=labelCol, rawPredictionCol=rawPredictionCol)
+        metrics["auc"] = roc.evaluate(predictions, {roc.metricName: "areaUnderROC"})
+        metrics["pr_auc"] = roc.evaluate(predictions, {roc.metricName: "areaUnderPR"})
+    metrics["logloss"] = multi.evaluate(predictions, {multi.metricName: "logLoss"})
+    metrics["accuracy"] = multi.evaluate(predictions, {multi.metricName: "accuracy"})
+    f1 = {multi.metricName: "fMeasureByLabel", multi.metricLabel: 1.0} if binary else {
+        multi.metricName: "f1"}
+    metrics["f1"] = multi.evaluate(predictions, f1)
+    return metrics
+
+
+def regression_metrics(predictions: DataFrame, labelCol: str = "label",
+                       predictionCol: str = "prediction") -> dict[str, float]:
+    """rmse, mae and r2 over the rows with a prediction (NaN predictions are dropped)."""
+    require_columns(predictions.schema, [labelCol, predictionCol], "predictions")
+    scored = predictions.dropna(subset=[predictionCol])
+    evaluator = RegressionEvaluator(labelCol=labelCol, predictionCol=predictionCol)
+    return {name: evaluator.evaluate(scored, {evaluator.metricName: name})
+            for name in ("rmse", "mae", "r2")}
+
+
+def _cols(model: Any, *params: str) -> dict[str, str]:
+    """The model's column Params that exist, as keyword arguments."""
+    return {p: model.getOrDefault(p) for p in params if model.hasParam(p)}

@@ -18,9 +18,33 @@ from pyspark.ml.util import (
     MLWriter,
 )
 
-from sparkdist.store import atomic_directory
+from sparkdist.exceptions import SparkdistError
+from sparkdist.store import atomic_directory, exists
 
 STATE_KEY = "sparkdistState"
+
+
+class ModelLoadError(SparkdistError, ValueError):
+    """The path does not hold a saved model of the expected kind."""
+
+
+def load_model(path: str, spark: Any = None) -> Any:
+    """Load any saved Spark ML or sparkdist stage (PipelineModel included) from ``path``.
+
+    Examples
+    --------
+    >>> model = load_model("models/churn/LogisticRegression")
+    """
+    from pyspark.sql import SparkSession
+
+    _require_model_dir(path)
+    return DefaultParamsReader.loadParamsInstance(path, spark or SparkSession.active())
+
+
+def _require_model_dir(path: str) -> None:
+    if not exists(f"{path.rstrip('/')}/metadata"):
+        raise ModelLoadError(f"'{path}' is not a saved model: it has no metadata/ directory. "
+                             "Point at the directory a model's save(path) wrote.")
 
 
 class _ModelWriter(MLWriter):
@@ -47,7 +71,11 @@ class _ModelReader(MLReader):
 
     def load(self, path: str) -> PersistentModel:
         expected = f"{self.cls.__module__}.{self.cls.__name__}"
-        metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession, expected)
+        _require_model_dir(path)
+        metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession)
+        if metadata["class"] != expected or STATE_KEY not in metadata:
+            raise ModelLoadError(f"'{path}' holds a {metadata['class']}, not a {expected}; "
+                                 "load it with sparkdist.persist.load_model(path).")
         instance: Any = self.cls._from_state(metadata[STATE_KEY], path)
         instance._resetUid(metadata["uid"])
         DefaultParamsReader.getAndSetParams(instance, metadata)

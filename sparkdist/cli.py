@@ -1,0 +1,94 @@
+"""The ``sparkdist`` command: ``train CONFIG``, ``evaluate MODEL DATA``, ``predict MODEL DATA OUT``.
+
+Errors sparkdist raises on purpose (bad config, bad column, existing path) print one line and
+exit with status 2; anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from sparkdist.exceptions import SparkdistError
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sparkdist", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    train = sub.add_parser("train", help="run a workflow config: split, fit, evaluate, track")
+    train.add_argument("config", help="YAML or JSON workflow config")
+    train.add_argument("--no-tracking", action="store_true", help="skip MLflow")
+    for name, text in (("evaluate", "metrics of a saved model on a dataset"),
+                       ("predict", "write a saved model's predictions")):
+        cmd = sub.add_parser(name, help=text)
+        cmd.add_argument("model", help="directory of a saved model (e.g. output.modelDir/NAME)")
+        cmd.add_argument("data", help="input data path")
+        cmd.add_argument("--format", default="parquet", help="input format (default parquet)")
+        if name == "evaluate":
+            cmd.add_argument("--k", type=int, default=10, help="k of ranking metrics")
+        else:
+            cmd.add_argument("output", help="output Parquet path")
+            cmd.add_argument("--overwrite", action="store_true", help="replace the output")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return {"train": _train, "evaluate": _evaluate, "predict": _predict}[args.command](args)
+    except SparkdistError as err:
+        print(f"sparkdist {args.command}: {err}", file=sys.stderr)
+        return 2
+
+
+def _train(args: argparse.Namespace) -> int:
+    from sparkdist.config import load_config
+    from sparkdist.workflows import run
+
+    config = load_config(args.config)
+    if args.no_tracking:
+        config.tracking.enabled = False
+    result = run(config)
+    print(result.table())
+    print(json.dumps({"split": result.split, "run_id": result.run_id,
+                      "metrics": {r.name: r.metrics for r in result.models}}))
+    return 0
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    from sparkdist.evaluation import evaluate
+    from sparkdist.persist import load_model
+    from sparkdist.session import get_spark
+
+    spark = get_spark(app_name="sparkdist-evaluate")
+    model = load_model(args.model, spark)
+    print(json.dumps(evaluate(model, spark.read.format(args.format).load(args.data), k=args.k)))
+    return 0
+
+
+def _predict(args: argparse.Namespace) -> int:
+    from pyspark.ml.functions import vector_to_array
+    from pyspark.ml.linalg import VectorUDT
+
+    from sparkdist import store
+    from sparkdist.persist import load_model
+    from sparkdist.session import get_spark
+
+    if store.exists(args.output) and not args.overwrite:
+        raise store.PathExistsError(f"'{args.output}' already exists; pass --overwrite to "
+                                    "replace it.")
+    spark = get_spark(app_name="sparkdist-predict")
+    model = load_model(args.model, spark)
+    out = model.transform(spark.read.format(args.format).load(args.data))
+    # Vectors become arrays so any Parquet reader can use the output.
+    out = out.select(*[vector_to_array(f.name).alias(f.name) if isinstance(f.dataType, VectorUDT)
+                       else f.name for f in out.schema.fields])
+    out.write.mode("overwrite" if args.overwrite else "errorifexists").parquet(args.output)
+    print(args.output)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

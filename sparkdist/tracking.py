@@ -1,0 +1,99 @@
+"""A thin MLflow adapter (the ``mlflow`` extra). Estimators never call it; workflows do.
+
+The tracking URI is, in order: the argument, ``$MLFLOW_TRACKING_URI``, ``databricks`` on a
+Databricks runtime, else a sqlite file ``mlruns.db`` in the working directory (artifacts in
+``./mlruns``). Models are logged with the ``spark`` flavour: Spark ML's own directory format,
+which sparkdist's readers load without unpickling anything.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+DEFAULT_DB = "mlruns.db"
+
+
+def _mlflow() -> Any:
+    try:
+        import mlflow
+        import mlflow.spark  # noqa: F401  (the flavour models are logged with)
+    except ImportError:
+        raise ImportError('MLflow tracking needs the mlflow extra: pip install "sparkdist[mlflow]"'
+                          ) from None
+    return mlflow
+
+
+def tracking_uri(uri: str | None = None) -> str:
+    if uri:
+        return uri
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return os.environ["MLFLOW_TRACKING_URI"]
+    if os.environ.get("DATABRICKS_RUNTIME_VERSION"):
+        return "databricks"
+    return f"sqlite:///{Path.cwd() / DEFAULT_DB}"
+
+
+@contextmanager
+def workflow_run(experiment: str, run_name: str, uri: str | None = None,
+                 tags: Mapping[str, str] | None = None) -> Iterator[str]:
+    """One MLflow run for one workflow fit; yields its run id. Model runs nest inside it."""
+    mlflow = _mlflow()
+    mlflow.set_tracking_uri(tracking_uri(uri))
+    mlflow.set_experiment(experiment)
+    with mlflow.start_run(run_name=run_name, tags=dict(tags or {})) as run:
+        yield run.info.run_id
+
+
+def log_workflow(config: Mapping[str, Any], split: Mapping[str, Any],
+                 table: Mapping[str, Mapping[str, float]]) -> None:
+    """On the workflow run: the config, the split metadata and each model's metrics."""
+    mlflow = _mlflow()
+    mlflow.log_dict(dict(config), "config.json")
+    mlflow.log_dict(dict(split), "split.json")
+    mlflow.log_params(flatten({"split": split}))
+    for model, metrics in table.items():
+        mlflow.log_metrics({f"{model}.{k}": v for k, v in metrics.items()})
+
+
+def log_model_run(name: str, params: Mapping[str, Any], metrics: Mapping[str, float],
+                  model: Any, features: list[str], figures: Mapping[str, Any],
+                  split: Mapping[str, Any]) -> str:
+    """A nested run for one fitted model: params, metrics, features, plots, the model."""
+    import pyspark
+
+    mlflow = _mlflow()
+
+    with mlflow.start_run(run_name=name, nested=True) as run:
+        mlflow.log_params(flatten(params))
+        mlflow.log_metrics(dict(metrics))
+        mlflow.log_dict(dict(split), "split.json")
+        mlflow.log_dict({"features": features}, "features.json")
+        for figure_name, figure in figures.items():
+            mlflow.log_figure(figure, f"plots/{figure_name}.png")
+        # Explicit requirements: inferring them re-loads the model in a subprocess (slow).
+        mlflow.spark.log_model(model, "model",
+                               pip_requirements=[f"pyspark=={pyspark.__version__}", "sparkdist"])
+        return str(run.info.run_id)
+
+
+def load_model(run_id: str, uri: str | None = None) -> Any:
+    """The Spark model logged by :func:`log_model_run` (a PipelineModel)."""
+    mlflow = _mlflow()
+    mlflow.set_tracking_uri(tracking_uri(uri))
+    return mlflow.spark.load_model(f"runs:/{run_id}/model")
+
+
+def flatten(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """{'split': {'seed': 1}} -> {'split.seed': '1'}; values cut to MLflow's length limit."""
+    flat: dict[str, str] = {}
+    for key, value in params.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flatten(value, f"{name}."))
+        else:
+            flat[name] = str(value)[:6000]
+    return flat
