@@ -166,13 +166,14 @@ class FeatureAssembler(Estimator, _FeatureAssemblerParams, DefaultParamsReadable
 
     def _fill_values(self, dataset: DataFrame, nulls: dict[str, int],
                      means: list[float]) -> dict[str, Any]:
+        """Impute values for every input column: nulls may first appear at transform time."""
         policy = self.getOrDefault(self.nullPolicy)
-        if not nulls or policy == "drop":
-            return {}
-        if policy == "error":
+        if policy == "error" and nulls:
             raise SchemaError(f"nulls in input columns {nulls} (column: null count) under "
                               "nullPolicy='error'; set nullPolicy='drop' to drop those rows or "
                               "'impute' to fill them with training means and modes.")
+        if policy != "impute":
+            return {}
         vectors = [c for c in self.getOrDefault(self.vectorCols) if c in nulls]
         if vectors:
             raise SchemaError(f"vectorCols {vectors} contain nulls, which cannot be imputed; "

@@ -15,7 +15,9 @@ Examples
 
 from __future__ import annotations
 
+import copy
 import math
+import numbers
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -43,7 +45,7 @@ class SplitResult(Mapping[str, DataFrame]):
     def __init__(self, assigned: DataFrame, names: Sequence[str], info: dict[str, Any]) -> None:
         self._assigned = assigned
         self._frames = {n: assigned.where(F.col(_SPLIT) == n).drop(_SPLIT) for n in names}
-        self._info = info
+        self._info = copy.deepcopy(info)
         self._metadata: dict[str, Any] | None = None
 
     def __getitem__(self, name: str) -> DataFrame:
@@ -67,7 +69,7 @@ class SplitResult(Mapping[str, DataFrame]):
             found = {r[_SPLIT]: r["count"] for r in rows}
             counts = {n: found.get(n, 0) for n in self._frames}
             self._metadata = {**self._info, "counts": counts}
-        return dict(self._metadata)
+        return copy.deepcopy(self._metadata)
 
 
 def split(df: DataFrame, fractions: Mapping[str, float], method: str = "random", seed: int = 42,
@@ -118,7 +120,8 @@ def _check_fractions(fractions: Mapping[str, float]) -> tuple[list[str], list[fl
     if not isinstance(fractions, Mapping) or len(fractions) < 2:
         raise ParamError(f"fractions must map at least two split names to fractions; {example}.")
     for name, value in fractions.items():
-        if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        number = isinstance(value, numbers.Real) and not isinstance(value, bool)
+        if not number or not math.isfinite(value) or value <= 0:
             raise ParamError(f"fractions[{name!r}]={value!r}: each fraction must be a number "
                              f"greater than 0; {example}.")
     total = float(sum(fractions.values()))
@@ -207,22 +210,23 @@ def _stratified(df: DataFrame, label: str, names: Sequence[str], fracs: Sequence
 
 def _time_cutoffs(df: DataFrame, time_col: str, fracs: Sequence[float],
                   cutoffs: Sequence[Any] | None) -> list[datetime]:
-    """Explicit cut-offs, or the time quantiles at the cumulative fractions (one job)."""
-    if cutoffs is not None:
-        bounds = [_as_datetime(c, "cutoffs") for c in cutoffs]
-        if len(bounds) != len(fracs) - 1 or bounds != sorted(bounds):
-            raise ParamError(f"cutoffs={list(cutoffs)!r} must be {len(fracs) - 1} ascending "
-                             "timestamps, one between each pair of consecutive splits.")
-        return bounds
+    """Explicit cut-offs, or the time quantiles at the cumulative fractions (one job, which
+    also refuses null times: no cut-off can place them)."""
+    bounds = None if cutoffs is None else [_as_datetime(c, "cutoffs") for c in cutoffs]
+    if bounds is not None and (len(bounds) != len(fracs) - 1 or bounds != sorted(bounds)):
+        raise ParamError(f"cutoffs={list(cutoffs or [])!r} must be {len(fracs) - 1} ascending "
+                         "timestamps, one between each pair of consecutive splits.")
     micros = F.unix_micros(F.col(time_col).cast("timestamp"))
     probs = [sum(fracs[: i + 1]) for i in range(len(fracs) - 1)]
-    row = df.agg(F.percentile_approx(micros, probs, _QUANTILE_ACCURACY).alias("q"),
-                 F.count_if(micros.isNull()).alias("nulls")).first()
+    aggs = [F.count_if(micros.isNull()).alias("nulls")]
+    if bounds is None:
+        aggs.append(F.percentile_approx(micros, probs, _QUANTILE_ACCURACY).alias("q"))
+    row = df.agg(*aggs).first()
     assert row is not None
     if row["nulls"]:
         raise SchemaError(f"timeCol: column '{time_col}' is null in {row['nulls']} rows, which "
                           "no time split can place; drop or fill them first.")
-    return [_micros_to_datetime(q) for q in row["q"]]
+    return bounds if bounds is not None else [_micros_to_datetime(q) for q in row["q"]]
 
 
 def _by_time(time: Column, names: Sequence[str], bounds: Sequence[datetime]) -> Column:

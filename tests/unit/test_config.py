@@ -33,7 +33,8 @@ def test_defaults():
     ("raw", "expected"),
     [
         (with_(featurs={}), "unknown key 'featurs' in the top level. Did you mean 'features'?"),
-        (with_(split={"fractons": {}}), "unknown key 'fractons' in split. Did you mean 'fractions'"),
+        (with_(split={"fractons": {}}),
+         "unknown key 'fractons' in split. Did you mean 'fractions'"),
         (with_(models=[{"type": "LogisticRegression", "parms": {}}]),
          "unknown key 'parms' in models.0. Did you mean 'params'?"),
         (with_(models=[{"type": "LogisticRegresion"}]), "Did you mean 'LogisticRegression'?"),

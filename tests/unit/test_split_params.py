@@ -84,8 +84,6 @@ def test_valid_fractions_return_names_and_fractions_in_order(fractions):
     assert all(isinstance(f, float) for f in fracs)
 
 
-@pytest.mark.xfail(strict=True, reason="_check_fractions accepts only int/float instances, so "
-                   "numpy float32 fractions are rejected as 'not a number'")
 def test_numpy_float32_fractions_are_numbers():
     fractions = {"train": np.float32(0.75), "test": np.float32(0.25)}
     assert _check_fractions(fractions) == (["train", "test"], [0.75, 0.25])
