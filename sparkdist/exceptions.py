@@ -21,3 +21,7 @@ class ClusterConfigError(SparkdistError, RuntimeError):
 
 class TrainingError(SparkdistError, RuntimeError):
     """Training failed on the executors; the message carries the root cause."""
+
+
+class ModelLoadError(SparkdistError, ValueError):
+    """A path does not hold a model this class can load (or holds one it refuses to)."""

@@ -42,10 +42,21 @@ def workflow_run(experiment: str, run_name: str, uri: str | None = None,
                  tags: Mapping[str, str] | None = None) -> Iterator[str]:
     """One MLflow run for one workflow fit; yields its run id. Model runs nest inside it."""
     mlflow = _mlflow()
-    mlflow.set_tracking_uri(tracking_uri(uri))
+    uri = tracking_uri(uri)
+    mlflow.set_tracking_uri(uri)
+    if mlflow.get_experiment_by_name(experiment) is None:
+        mlflow.create_experiment(experiment, artifact_location=_artifact_root(uri))
     mlflow.set_experiment(experiment)
     with mlflow.start_run(run_name=run_name, tags=dict(tags or {})) as run:
         yield run.info.run_id
+
+
+def _artifact_root(uri: str) -> str | None:
+    """For a sqlite store, artifacts go in ``mlruns/`` beside the database file (MLflow's own
+    default is the working directory, wherever that happens to be)."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    return (Path(uri.removeprefix("sqlite:///")).parent / "mlruns").resolve().as_uri()
 
 
 def log_workflow(config: Mapping[str, Any], split: Mapping[str, Any],

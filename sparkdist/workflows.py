@@ -1,43 +1,223 @@
-"""End-to-end flows: features -> split -> fit -> evaluate. Used by jobs, the CLI and notebooks."""
+"""features -> split -> fit -> evaluate -> track: the one flow behind the CLI, jobs and notebooks.
+
+Examples
+--------
+>>> from sparkdist.config import load_config
+>>> result = run(load_config("jobs/configs/churn.yaml"))
+>>> print(result.table())
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
-from pyspark.ml import Pipeline, PipelineModel
-from pyspark.ml.classification import LogisticRegression
-from pyspark.sql import DataFrame
+from pyspark.ml import Estimator, Pipeline, PipelineModel
+from pyspark.sql import DataFrame, SparkSession
 
-from sparkdist.datasets import CHURN_COUNTS, CHURN_LABEL
-from sparkdist.evaluation import binary_metrics
-from sparkdist.features import FeatureAssembler, split
+from sparkdist import datasets, store
+from sparkdist.columns import suggest
+from sparkdist.config import ConfigError, DataConfig, ModelConfig, WorkflowConfig
+from sparkdist.evaluation import evaluate, final_stage, task_of
+from sparkdist.features import FeatureAssembler, FeatureAssemblerModel, split
+from sparkdist.session import get_spark
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class ModelResult:
+    name: str
+    params: dict[str, Any]
+    model: PipelineModel
+    metrics: dict[str, float]
+    fit_seconds: float
+    run_id: str | None = None
 
 
 @dataclass
 class WorkflowResult:
-    model: PipelineModel
-    metrics: dict[str, float]
-    split: dict[str, Any]  # the split metadata, for tracking
+    config: WorkflowConfig
+    split: dict[str, Any]
+    models: list[ModelResult] = field(default_factory=list)
+    run_id: str | None = None
+
+    def table(self) -> str:
+        """The models side by side: fit time and every metric."""
+        metrics = sorted({m for r in self.models for m in r.metrics})
+        width = max(len("model"), *(len(r.name) for r in self.models))
+        head = f"{'model':<{width}}  {'fit s':>7}" + "".join(f"  {m:>9}" for m in metrics)
+        lines = [head, "-" * len(head)]
+        for r in self.models:
+            cells = "".join(f"  {r.metrics.get(m, float('nan')):>9.4f}" for m in metrics)
+            lines.append(f"{r.name:<{width}}  {r.fit_seconds:>7.1f}{cells}")
+        return "\n".join(lines)
 
 
-def churn_baseline(df: DataFrame, seed: int = 42, max_iter: int = 10,
-                   test_fraction: float = 0.2) -> WorkflowResult:
-    """The classic churn flow: assemble the three interaction counts, split train/test by
-    customer, fit ``LogisticRegression(maxIter=10)`` and score the test side.
+def run(config: WorkflowConfig, spark: SparkSession | None = None,
+        progress: Progress = print) -> WorkflowResult:
+    """Run ``config``: load, split, then fit, evaluate, save and track each model."""
+    estimators = {str(m.name): build_estimator(m, config) for m in config.models}  # fail fast
+    _check_outputs(config)
+    spark = spark or get_spark(app_name=f"sparkdist-{config.name}")
+    progress(f"loading data ({_describe(config.data)})")
+    parts = split(load_data(spark, config.data), **_split_kwargs(config))
+    names = list(parts)  # the first split trains, the last one tests
+    train, test = parts[names[0]].cache(), parts[names[-1]].cache()
+    result = WorkflowResult(config=config, split=parts.metadata)
+    progress(f"split {result.split['method']}: {result.split['counts']}")
+    try:
+        for i, (name, estimator) in enumerate(estimators.items(), 1):
+            progress(f"[{i}/{len(estimators)}] {name}: fitting")
+            params = config.models[i - 1].params
+            result.models.append(_fit_one(name, params, estimator, config, train, test))
+            progress(f"[{i}/{len(estimators)}] {name}: {_brief(result.models[-1])}")
+        if config.tracking.enabled:
+            _track(result, test, progress)
+    finally:
+        train.unpersist()
+        test.unpersist()
+    return result
 
-    Examples
-    --------
-    >>> result = churn_baseline(churn(spark, n=5_000))
-    >>> result.metrics["auc"] > 0.5
-    True
-    """
-    parts = split(df, {"train": 1.0 - test_fraction, "test": test_fraction}, seed=seed,
-                  keyCols=["customer_id"])
-    pipeline = Pipeline(stages=[
-        FeatureAssembler(numericCols=CHURN_COUNTS, labelCol=CHURN_LABEL),
-        LogisticRegression(labelCol=CHURN_LABEL, maxIter=max_iter),
-    ])
-    model = pipeline.fit(parts["train"])
-    metrics = binary_metrics(model.transform(parts["test"]), labelCol=CHURN_LABEL)
-    return WorkflowResult(model=model, metrics=metrics, split=parts.metadata)
+
+def build_estimator(model: ModelConfig, config: WorkflowConfig) -> Pipeline:
+    """A Pipeline of the FeatureAssembler (when the config has features) and the model, its
+    label/features columns defaulting to the feature config's."""
+    import sparkdist.models
+
+    estimator: Estimator = getattr(sparkdist.models, model.type)()
+    params = dict(model.params)
+    if config.features is not None:
+        for param, value in (("labelCol", config.features.labelCol),
+                             ("featuresCol", config.features.outputCol)):
+            if estimator.hasParam(param):
+                params.setdefault(param, value)
+    for key, value in params.items():
+        if not estimator.hasParam(key):
+            names = [p.name for p in estimator.params]
+            raise ConfigError(f"models[{model.name}].params: {model.type} has no parameter "
+                              f"'{key}'.{suggest(key, names)}")
+        estimator.set(estimator.getParam(key), value)
+    stages: list[Any] = [estimator]
+    if config.features is not None:
+        stages.insert(0, FeatureAssembler(**config.features.model_dump()))
+    return Pipeline(stages=stages)
+
+
+def load_data(spark: SparkSession, data: DataConfig) -> DataFrame:
+    if data.generate is not None:
+        if data.generate.dataset == "churn":
+            return datasets.churn(spark, n=data.generate.rows, seed=data.generate.seed)
+        return datasets.ratings(spark, seed=data.generate.seed)
+    if data.table is not None:
+        return spark.table(data.table)
+    return spark.read.format(data.format).load(data.path)
+
+
+def _fit_one(name: str, params: dict[str, Any], estimator: Pipeline, config: WorkflowConfig,
+             train: DataFrame, test: DataFrame) -> ModelResult:
+    start = time.perf_counter()
+    model = estimator.fit(train)
+    seconds = time.perf_counter() - start
+    metrics = evaluate(model, test, k=config.evaluation.get("k", 10))
+    if config.output.modelDir:
+        with store.atomic_directory(_model_path(config, name), config.output.overwrite) as tmp:
+            model.save(tmp)
+    return ModelResult(name=name, params=params, model=model, metrics=metrics,
+                       fit_seconds=seconds)
+
+
+def _track(result: WorkflowResult, test: DataFrame, progress: Progress) -> None:
+    from sparkdist import tracking
+
+    config = result.config
+    table = {r.name: r.metrics for r in result.models}
+    with tracking.workflow_run(config.tracking.experiment, config.name,
+                               uri=config.tracking.uri) as run_id:
+        tracking.log_workflow(config.model_dump(), result.split, table)
+        for r in result.models:
+            progress(f"tracking {r.name}")
+            r.run_id = tracking.log_model_run(
+                r.name, {"type": _type_of(config, r.name), **r.params}, r.metrics, r.model,
+                _feature_names(r.model), figures(r.model, test, config.evaluation.get("k", 10)),
+                result.split)
+    result.run_id = run_id
+    progress(f"MLflow run {run_id} at {tracking.tracking_uri(config.tracking.uri)}")
+
+
+def figures(model: PipelineModel, test: DataFrame, k: int) -> dict[str, Any]:
+    """The plots that suit the model's task."""
+    from sparkdist import plots
+
+    final = final_stage(model)
+    task = task_of(final)
+    if task == "recommendation":
+        by_k = {kk: final.rankingMetrics(test, k=kk) for kk in sorted({1, 5, k})}
+        return {"ranking_by_k": plots.ranking_by_k(by_k)}
+    figs: dict[str, Any] = {}
+    importances = _importances(final)
+    if importances is not None:
+        figs["feature_importances"] = plots.feature_importances(_feature_names(model),
+                                                                importances)
+    if task == "classification":
+        predictions = model.transform(test).cache()
+        label, prob, pred = (final.getOrDefault(p)
+                             for p in ("labelCol", "probabilityCol", "predictionCol"))
+        if getattr(final, "numClasses", 2) == 2:
+            figs.update(plots.roc_pr_curves(predictions, label, prob))
+        figs["confusion_matrix"] = plots.confusion_matrix(predictions, label, pred)
+        predictions.unpersist()
+    return figs
+
+
+def _importances(final: Any) -> list[float] | None:
+    """Tree importances, or the absolute coefficients of a binary linear model."""
+    for attr in ("featureImportances", "coefficients"):
+        try:
+            values = getattr(final, attr)
+        except Exception:  # absent, or a multinomial model with no single vector
+            continue
+        if values is not None:
+            return [abs(float(v)) for v in values.toArray()]
+    return None
+
+
+def _feature_names(model: PipelineModel) -> list[str]:
+    stages = model.stages if isinstance(model, PipelineModel) else []
+    return next((s.featureNames for s in stages if isinstance(s, FeatureAssemblerModel)), [])
+
+
+def _check_outputs(config: WorkflowConfig) -> None:
+    """Refuse existing model paths before any training, unless output.overwrite."""
+    if not config.output.modelDir or config.output.overwrite:
+        return
+    for m in config.models:
+        if store.exists(_model_path(config, str(m.name))):
+            raise store.PathExistsError(
+                f"'{_model_path(config, str(m.name))}' already exists; set output.overwrite: "
+                "true in the config, or choose another output.modelDir.")
+
+
+def _model_path(config: WorkflowConfig, name: str) -> str:
+    return f"{str(config.output.modelDir).rstrip('/')}/{name}"
+
+
+def _split_kwargs(config: WorkflowConfig) -> dict[str, Any]:
+    return config.split.model_dump(exclude_none=True)
+
+
+def _type_of(config: WorkflowConfig, name: str) -> str:
+    return next(m.type for m in config.models if m.name == name)
+
+
+def _describe(data: DataConfig) -> str:
+    if data.generate is not None:
+        return f"generated {data.generate.dataset}"
+    return data.table or f"{data.format} {data.path}"
+
+
+def _brief(result: ModelResult) -> str:
+    shown = ", ".join(f"{k} {v:.4f}" for k, v in list(result.metrics.items())[:3])
+    return f"fit {result.fit_seconds:.1f}s, {shown}"

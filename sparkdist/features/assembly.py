@@ -22,14 +22,13 @@ from pyspark.ml.feature import (
 from pyspark.ml.linalg import VectorUDT
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import HasLabelCol, HasOutputCol
-from pyspark.ml.util import DefaultParamsReadable, DefaultParamsWritable
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import AtomicType, StringType, StructType
 
 from sparkdist.columns import is_numeric, require_columns, suggest
 from sparkdist.exceptions import ParamError, SchemaError
-from sparkdist.persist import PersistentModel
+from sparkdist.persist import ParamsPersistence, PersistentModel
 
 NULL_POLICIES = ("error", "drop", "impute")
 _TMP = "_sparkdist_"  # prefix of the working columns a transform adds and drops again
@@ -77,8 +76,7 @@ class _FeatureAssemblerParams(HasLabelCol, HasOutputCol):
         ]
 
 
-class FeatureAssembler(Estimator, _FeatureAssemblerParams, DefaultParamsReadable,
-                       DefaultParamsWritable):
+class FeatureAssembler(Estimator, _FeatureAssemblerParams, ParamsPersistence):
     """Assemble numeric, categorical and vector columns into one feature vector.
 
     Examples

@@ -12,24 +12,27 @@ from typing import Any, ClassVar
 
 from pyspark.ml import Estimator, Model
 from pyspark.ml.param import Params
-from pyspark.ml.util import DefaultParamsReadable, DefaultParamsWritable
 from pyspark.ml.wrapper import JavaEstimator, JavaModel
 from pyspark.sql import DataFrame
 
-from sparkdist.persist import PersistentModel
+from sparkdist.persist import ParamsPersistence, PersistentModel
 
 MLLIB_DIR = "mllib"  # where the wrapped MLlib model lives inside a saved sparkdist model
 
 
 def copy_shared_params(source: Params, target: Params) -> Params:
-    """Set on ``target`` every Param of ``source`` (explicit or default) that it also has."""
+    """Copy every Param of ``source`` that ``target`` also has: set values as set, defaults as
+    defaults (so MLlib's threshold/thresholds consistency check sees only real choices)."""
     for param, value in source.extractParamMap().items():
         if target.hasParam(param.name):
-            target._set(**{param.name: value})
+            if source.isSet(param):
+                target._set(**{param.name: value})
+            else:
+                target._setDefault(**{param.name: value})
     return target
 
 
-class MLlibEstimator(Estimator, DefaultParamsReadable, DefaultParamsWritable):
+class MLlibEstimator(Estimator, ParamsPersistence):
     """An Estimator that fits ``_mllib_estimator`` and returns ``_model_class``."""
 
     _mllib_estimator: ClassVar[type[JavaEstimator]]

@@ -1,0 +1,224 @@
+"""Random forests: MLlib's tree learner; the classifier adds sparkdist's class weights and
+threshold tuning (shared with logistic regression in ``_classification``).
+
+Every MLlib Param keeps its name and default. One difference from MLlib: ``seed`` defaults to
+a value that is the same in every process (MLlib's default hashes the class name, which Python
+randomises per process), so an unseeded forest is reproducible.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, cast
+
+from pyspark import keyword_only
+from pyspark.ml import classification as mllib_classification
+from pyspark.ml import regression as mllib_regression
+from pyspark.ml.base import _PredictorParams
+from pyspark.ml.linalg import Vector
+from pyspark.sql import DataFrame
+
+from sparkdist.models._classification import (
+    _ClassWeightParams,
+    _ThresholdTuningParams,
+    _TunedClassifier,
+    _TunedModel,
+    check_input_columns,
+    set_given,
+    stable_seed,
+)
+from sparkdist.models._mllib import MLlibEstimator, MLlibModel
+
+
+class _RFClassifierParams(mllib_classification._ProbabilisticClassifierParams,
+                          mllib_classification._RandomForestClassifierParams,
+                          _ClassWeightParams, _ThresholdTuningParams):
+    """MLlib's random forest classifier Params (column names included) plus classWeight,
+    thresholdMetric and validationFraction."""
+
+
+class _RFRegressorParams(_PredictorParams, mllib_regression._RandomForestRegressorParams):
+    """MLlib's random forest regressor Params (column names included), with a
+    process-independent default seed."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self._setDefault(seed=stable_seed(type(self).__name__))
+
+
+class _ForestModel:
+    """What both forest models expose from the fitted MLlib ensemble."""
+
+    @property
+    def _forest(self) -> Any:  # an MLlib RandomForest{Classification,Regression}Model
+        return cast(MLlibModel, self).mllib_model
+
+    @property
+    def featureImportances(self) -> Vector:
+        """Importance of each feature, averaged over the trees and normalised to sum to 1."""
+        return self._forest.featureImportances
+
+    @property
+    def numFeatures(self) -> int:
+        """Length of the feature vectors the model expects."""
+        return self._forest.numFeatures
+
+    @property
+    def trees(self) -> list[Any]:
+        """The fitted decision trees (MLlib tree models)."""
+        return self._forest.trees
+
+    @property
+    def getNumTrees(self) -> int:
+        """Number of trees in the ensemble (a property, as on MLlib's forest models)."""
+        return self._forest.getNumTrees
+
+    @property
+    def treeWeights(self) -> list[float]:
+        """The weight of each tree's vote."""
+        return self._forest.treeWeights
+
+
+# getNumTrees is a property on MLlib's forest models too (it shadows the Param getter there).
+class RandomForestClassificationModel(_ForestModel, _TunedModel, MLlibModel,  # type: ignore[misc]
+                                      _RFClassifierParams):
+    """A fitted :class:`RandomForestClassifier`.
+
+    Examples
+    --------
+    >>> model = RandomForestClassifier(labelCol="y", numTrees=50).fit(train)
+    >>> model.featureImportances, model.getNumTrees
+    """
+
+    _mllib_model = mllib_classification.RandomForestClassificationModel
+    task: ClassVar[str] = "classification"
+
+    @property
+    def numClasses(self) -> int:
+        """Number of classes the model predicts."""
+        return self._forest.numClasses
+
+
+class RandomForestRegressionModel(_ForestModel, MLlibModel,  # type: ignore[misc]
+                                  _RFRegressorParams):
+    """A fitted :class:`RandomForestRegressor`.
+
+    Examples
+    --------
+    >>> model = RandomForestRegressor(labelCol="price", numTrees=50).fit(train)
+    >>> model.featureImportances
+    """
+
+    _mllib_model = mllib_regression.RandomForestRegressionModel
+    task: ClassVar[str] = "regression"
+
+
+class RandomForestClassifier(_TunedClassifier, MLlibEstimator, _RFClassifierParams):
+    """A random forest classifier trained by MLlib, with optional balanced class weights and a
+    decision threshold tuned for a metric (binary labels).
+
+    Parameters
+    ----------
+    classWeight : None or "balanced"
+        "balanced" weights each row ``n / (k * n_class)`` (multiplied into ``weightCol`` when
+        set) through a working column that neither the model nor your DataFrame sees.
+    thresholdMetric : None or one of "f1", "accuracy", "precision", "recall", "youden"
+        Hold out a stratified ``validationFraction`` of the rows (seeded by ``seed``), fit on
+        the rest and set ``thresholds=[1 - t, t]`` for the ``t`` that maximises this metric on
+        the held-out rows.
+    validationFraction : float in (0, 1), default 0.2
+
+    All other parameters are MLlib's, with MLlib's defaults; ``seed`` seeds both the forest
+    and the validation split.
+
+    Examples
+    --------
+    >>> rf = RandomForestClassifier(labelCol="churned", numTrees=50, maxDepth=6,
+    ...                             classWeight="balanced")
+    >>> model = rf.fit(train)
+    >>> model.featureImportances
+    """
+
+    _mllib_estimator = mllib_classification.RandomForestClassifier
+    _model_class = RandomForestClassificationModel
+    task: ClassVar[str] = "classification"
+
+    @keyword_only
+    def __init__(self, *, featuresCol: str = "features", labelCol: str = "label",
+                 predictionCol: str = "prediction", probabilityCol: str = "probability",
+                 rawPredictionCol: str = "rawPrediction", maxDepth: int = 5, maxBins: int = 32,
+                 minInstancesPerNode: int = 1, minInfoGain: float = 0.0, pruneTree: bool = True,
+                 maxMemoryInMB: int = 256, cacheNodeIds: bool = False,
+                 checkpointInterval: int = 10, impurity: str = "gini", numTrees: int = 20,
+                 featureSubsetStrategy: str = "auto", seed: int | None = None,
+                 subsamplingRate: float = 1.0, leafCol: str = "",
+                 minWeightFractionPerNode: float = 0.0, weightCol: str | None = None,
+                 bootstrap: bool = True, thresholds: list[float] | None = None,
+                 classWeight: str | None = None, thresholdMetric: str | None = None,
+                 validationFraction: float = 0.2) -> None:
+        super().__init__()
+        set_given(self, self._input_kwargs)  # type: ignore[attr-defined]
+
+    @keyword_only
+    def setParams(self, *, featuresCol: str = "features", labelCol: str = "label",
+                  predictionCol: str = "prediction", probabilityCol: str = "probability",
+                  rawPredictionCol: str = "rawPrediction", maxDepth: int = 5, maxBins: int = 32,
+                  minInstancesPerNode: int = 1, minInfoGain: float = 0.0, pruneTree: bool = True,
+                  maxMemoryInMB: int = 256, cacheNodeIds: bool = False,
+                  checkpointInterval: int = 10, impurity: str = "gini", numTrees: int = 20,
+                  featureSubsetStrategy: str = "auto", seed: int | None = None,
+                  subsamplingRate: float = 1.0, leafCol: str = "",
+                  minWeightFractionPerNode: float = 0.0, weightCol: str | None = None,
+                  bootstrap: bool = True, thresholds: list[float] | None = None,
+                  classWeight: str | None = None, thresholdMetric: str | None = None,
+                  validationFraction: float = 0.2) -> RandomForestClassifier:
+        """Set the given Params (same keywords as the constructor)."""
+        return set_given(self, self._input_kwargs)  # type: ignore[attr-defined]
+
+
+class RandomForestRegressor(MLlibEstimator, _RFRegressorParams):
+    """A random forest regressor trained by MLlib.
+
+    All parameters are MLlib's, with MLlib's defaults (``seed`` excepted, see the module).
+
+    Examples
+    --------
+    >>> from pyspark.ml import Pipeline
+    >>> from sparkdist.features import FeatureAssembler
+    >>> rf = RandomForestRegressor(labelCol="price", numTrees=50, maxDepth=8)
+    >>> model = Pipeline(stages=[FeatureAssembler(numericCols=["rooms", "area"],
+    ...                                           labelCol="price"), rf]).fit(train)
+    >>> model.stages[-1].featureImportances
+    """
+
+    _mllib_estimator = mllib_regression.RandomForestRegressor
+    _model_class = RandomForestRegressionModel
+    task: ClassVar[str] = "regression"
+
+    @keyword_only
+    def __init__(self, *, featuresCol: str = "features", labelCol: str = "label",
+                 predictionCol: str = "prediction", maxDepth: int = 5, maxBins: int = 32,
+                 minInstancesPerNode: int = 1, minInfoGain: float = 0.0,
+                 maxMemoryInMB: int = 256, cacheNodeIds: bool = False,
+                 checkpointInterval: int = 10, impurity: str = "variance",
+                 subsamplingRate: float = 1.0, seed: int | None = None, numTrees: int = 20,
+                 featureSubsetStrategy: str = "auto", leafCol: str = "",
+                 minWeightFractionPerNode: float = 0.0, weightCol: str | None = None,
+                 bootstrap: bool = True) -> None:
+        super().__init__()
+        set_given(self, self._input_kwargs)  # type: ignore[attr-defined]
+
+    @keyword_only
+    def setParams(self, *, featuresCol: str = "features", labelCol: str = "label",
+                  predictionCol: str = "prediction", maxDepth: int = 5, maxBins: int = 32,
+                  minInstancesPerNode: int = 1, minInfoGain: float = 0.0,
+                  maxMemoryInMB: int = 256, cacheNodeIds: bool = False,
+                  checkpointInterval: int = 10, impurity: str = "variance",
+                  subsamplingRate: float = 1.0, seed: int | None = None, numTrees: int = 20,
+                  featureSubsetStrategy: str = "auto", leafCol: str = "",
+                  minWeightFractionPerNode: float = 0.0, weightCol: str | None = None,
+                  bootstrap: bool = True) -> RandomForestRegressor:
+        """Set the given Params (same keywords as the constructor)."""
+        return set_given(self, self._input_kwargs)  # type: ignore[attr-defined]
+
+    def _validate(self, dataset: DataFrame) -> None:
+        check_input_columns(self, dataset.schema)

@@ -1,0 +1,493 @@
+"""XGBoost as sparkdist Estimators: distributed training by ``xgboost.spark``, persistence by
+sparkdist.
+
+:class:`XGBoostClassifier` and :class:`XGBoostRegressor` keep xgboost's own parameter names
+(``num_workers``, ``max_depth``, ``n_estimators``, ``learning_rate``, ``device``, ...) and the
+column Params ``xgboost.spark`` uses (``featuresCol``, ``labelCol``, ``predictionCol``,
+``weightCol``, ``validationIndicatorCol``, and for the classifier ``probabilityCol`` and
+``rawPredictionCol``). ``fit`` checks the input and the cluster first, then hands the work to
+``xgboost.spark.SparkXGBClassifier`` / ``SparkXGBRegressor`` (one barrier task per worker).
+
+A fitted model saves its booster as UBJSON (xgboost's native format) and its Params as JSON;
+loading parses exactly those two and never unpickles: ``xgboost.spark``'s own reader, which
+unpickles a callbacks field, is never called. xgboost is imported on first fit/transform/load,
+so constructing, tuning grids and saving estimators work without it.
+
+Examples
+--------
+>>> from sparkdist.features import FeatureAssembler
+>>> from pyspark.ml import Pipeline
+>>> pipeline = Pipeline(stages=[
+...     FeatureAssembler(numericCols=["age", "tenure"], labelCol="churned"),
+...     XGBoostClassifier(labelCol="churned", num_workers=2, max_depth=4)])
+>>> model = pipeline.fit(train)
+>>> model.write().save("s3://bucket/churn-xgb")
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any, ClassVar
+
+from py4j.protocol import Py4JJavaError
+from pyspark import keyword_only
+from pyspark.errors import PySparkException
+from pyspark.ml import Estimator, Model
+from pyspark.ml.linalg import VectorUDT
+from pyspark.ml.param import Param, Params, TypeConverters
+from pyspark.ml.param.shared import (
+    HasFeaturesCol,
+    HasLabelCol,
+    HasPredictionCol,
+    HasProbabilityCol,
+    HasRawPredictionCol,
+    HasValidationIndicatorCol,
+    HasWeightCol,
+)
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import ArrayType, BooleanType, NumericType, StructType
+
+from sparkdist import store
+from sparkdist.columns import require_columns, suggest
+from sparkdist.exceptions import (
+    ModelLoadError,
+    ParamError,
+    SchemaError,
+    SparkdistError,
+    TrainingError,
+)
+from sparkdist.launch.preflight import check_num_workers
+from sparkdist.persist import ParamsPersistence, PersistentModel
+
+BOOSTER_FILE = "booster.ubj"
+BOOSTER_FORMAT = "ubj"
+INSTALL_HINT = 'XGBoost models need the xgboost package: pip install "sparkdist[xgboost]"'
+DEVICES = ("cpu", "cuda", "gpu")
+# Metadata keys written by xgboost.spark's own writer; its reader unpickles or loads them.
+# xgboost.spark's snake_case constructor names for the column Params.
+_ALIASES = {"features_col": "featuresCol", "label_col": "labelCol",
+            "prediction_col": "predictionCol", "probability_col": "probabilityCol",
+            "raw_prediction_col": "rawPredictionCol", "weight_col": "weightCol",
+            "validation_indicator_col": "validationIndicatorCol"}
+_HINTS = {
+    "objective": "XGBoostClassifier picks the objective from the label (binary:logistic for "
+                 "two classes, multi:softprob above); drop objective.",
+    "n_jobs": "each worker uses spark.task.cpus threads; set that Spark conf instead.",
+    "nthread": "each worker uses spark.task.cpus threads; set that Spark conf instead.",
+    "enable_categorical": "mark categorical features with 'c' in feature_types instead.",
+    "eval_set": "mark validation rows with a boolean validationIndicatorCol instead.",
+    "sample_weight": "put weights in a column and set weightCol instead.",
+    "xgb_model": "continuing from a booster is not supported (it cannot be saved as JSON).",
+    "coll_cfg": "not supported: the tracker runs on the driver with xgboost's defaults.",
+}
+
+_I, _F, _S, _B = (TypeConverters.toInt, TypeConverters.toFloat, TypeConverters.toString,
+                  TypeConverters.toBoolean)
+_ANY = TypeConverters.identity  # JSON-ability is checked at save time
+
+#: name: (converter, default, doc). Defaults are xgboost.spark's (but force_repartition);
+#: None means xgboost's own default.
+_SHARED_PARAMS: dict[str, tuple[Any, Any, str]] = {
+    "num_workers": (_I, 1, "XGBoost workers, one Spark barrier task each; at most the "
+                           "cluster's task slots"),
+    "device": (_S, "cpu", "'cpu', or 'cuda'/'gpu' to train each worker on its task's GPU"),
+    "n_estimators": (_I, 100, "boosting rounds"),
+    "max_depth": (_I, None, "maximum tree depth"),
+    "max_leaves": (_I, None, "maximum leaves per tree (0: no limit)"),
+    "max_bin": (_I, None, "maximum histogram bins per feature"),
+    "grow_policy": (_S, None, "'depthwise' or 'lossguide'"),
+    "learning_rate": (_F, None, "boosting learning rate (xgboost's eta)"),
+    "verbosity": (_I, None, "xgboost log level, 0 (silent) to 3 (debug)"),
+    "booster": (_S, None, "'gbtree', 'gblinear' or 'dart'"),
+    "tree_method": (_S, None, "'hist' or 'approx' ('exact' is not distributed)"),
+    "gamma": (_F, None, "minimum loss reduction to split a leaf"),
+    "min_child_weight": (_F, None, "minimum hessian sum in a child"),
+    "max_delta_step": (_F, None, "maximum delta step of each leaf output"),
+    "subsample": (_F, None, "row subsample ratio per tree, in (0, 1]"),
+    "sampling_method": (_S, None, "'uniform' or 'gradient_based'"),
+    "colsample_bytree": (_F, None, "column subsample ratio per tree"),
+    "colsample_bylevel": (_F, None, "column subsample ratio per level"),
+    "colsample_bynode": (_F, None, "column subsample ratio per split"),
+    "reg_alpha": (_F, None, "L1 regularisation of the weights"),
+    "reg_lambda": (_F, None, "L2 regularisation of the weights"),
+    "scale_pos_weight": (_F, None, "balance of positive and negative weights"),
+    "base_score": (_ANY, None, "initial prediction score (a number, or a list per target)"),
+    "random_state": (_I, None, "random seed"),
+    "missing": (_F, float("nan"), "feature value treated as missing"),
+    "num_parallel_tree": (_I, None, "trees grown per round (boosted random forest)"),
+    "monotone_constraints": (_ANY, None, "per-feature monotonicity: '(1,0,-1)' or {name: 1}"),
+    "interaction_constraints": (_ANY, None, "allowed interactions: '[[0, 1], [2]]' or lists"),
+    "importance_type": (_S, None, "feature importance type"),
+    "validate_parameters": (_B, None, "let xgboost warn about unused parameters"),
+    "feature_types": (TypeConverters.toListString, None, "per-feature type, 'q' or 'c'"),
+    "feature_weights": (TypeConverters.toListFloat, None, "per-feature column sampling weight"),
+    "feature_names": (TypeConverters.toListString, None, "names of the features"),
+    "max_cat_to_onehot": (_I, None, "one-hot split threshold for categorical features"),
+    "max_cat_threshold": (_I, None, "maximum categories per split"),
+    "multi_strategy": (_S, None, "'one_output_per_tree' or 'multi_output_tree'"),
+    "eval_metric": (_ANY, None, "metric name, or list of names, on the validation rows"),
+    "early_stopping_rounds": (_I, None, "stop after this many rounds without validation "
+                                        "improvement (needs validationIndicatorCol)"),
+    "verbose": (_B, True, "log evaluation results each round on the workers"),
+    "iteration_range": (TypeConverters.toListInt, None, "[begin, end) rounds used to predict"),
+    # True, unlike xgboost.spark: filtered or split input often has skewed or empty
+    # partitions, and an empty partition leaves its worker (a whole task slot) idle.
+    "force_repartition": (_B, True, "repartition the input evenly over the workers, even when "
+                                    "it already has num_workers partitions"),
+    "repartition_random_shuffle": (_B, False, "repartition by a random key, not round-robin"),
+    "enable_sparse_data_optim": (_B, False, "build sparse DMatrix from sparse vectors "
+                                            "(requires missing=0)"),
+    "launch_tracker_on_driver": (_B, True, "start xgboost's tracker on the driver"),
+    "base_margin_col": (_S, None, "column of initial margins"),
+    "pred_contrib_col": (_S, None, "output column of SHAP contributions (unset: none)"),
+}
+_REGRESSION_PARAMS = {"objective": (_S, "reg:squarederror", "learning objective, e.g. "
+                                    "'reg:squarederror', 'reg:absoluteerror', 'count:poisson'")}
+_OUTPUT_COL_PARAMS = ("base_margin_col", "pred_contrib_col")  # defaults are "unset", not None
+
+
+def _declare(cls: type, table: dict[str, tuple[Any, Any, str]]) -> None:
+    """Attach one class-level Param per table row, as pyspark's shared Params do."""
+    for name, (converter, _, doc) in table.items():
+        setattr(cls, name, Param(Params._dummy(), name, doc, typeConverter=converter))
+
+
+def _defaults(table: dict[str, tuple[Any, Any, str]]) -> dict[str, Any]:
+    return {n: d for n, (_, d, _) in table.items() if n not in _OUTPUT_COL_PARAMS}
+
+
+class _XGBoostParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasWeightCol,
+                     HasValidationIndicatorCol):
+    """Params shared by every XGBoost estimator and model (see ``_SHARED_PARAMS``)."""
+
+    _table: ClassVar[dict[str, tuple[Any, Any, str]]] = _SHARED_PARAMS
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self._setDefault(**_defaults(self._table))
+
+
+class _ClassifierParams(_XGBoostParams, HasProbabilityCol, HasRawPredictionCol):
+    """Classifier outputs: probability and raw-margin vectors besides the prediction."""
+
+
+class _RegressorParams(_XGBoostParams):
+    _table = {**_SHARED_PARAMS, **_REGRESSION_PARAMS}
+
+
+_declare(_XGBoostParams, _SHARED_PARAMS)
+_declare(_RegressorParams, _REGRESSION_PARAMS)
+
+
+def _xgboost_spark() -> ModuleType:
+    """``xgboost.spark``, imported on first use."""
+    try:
+        import xgboost.spark as xgboost_spark
+    except ImportError as err:
+        raise ImportError(f"{INSTALL_HINT} ({err})") from err
+    return xgboost_spark
+
+
+def _push_params(source: Params, target: Params) -> Params:
+    """Set on ``target`` every defined Param of ``source`` that it also has."""
+    for param, value in source.extractParamMap().items():
+        if target.hasParam(param.name):
+            target._set(**{param.name: value})
+    return target
+
+
+# -- estimators ------------------------------------------------------------------------------
+class _XGBoostEstimator(Estimator, ParamsPersistence):
+    _transient_params = ("callbacks",)
+    """Validates, then fits the matching ``xgboost.spark`` estimator and wraps its model."""
+
+    _xgb_estimator: ClassVar[str]  # class name in xgboost.spark
+    _model_class: ClassVar[type[_XGBoostModel]]
+    _counts_classes: ClassVar[bool] = False  # whether _check_label needs class statistics
+    callbacks: Param[Any] = Param(
+        Params._dummy(), "callbacks", "xgboost TrainingCallback objects (training only; an "
+        "estimator holding them cannot be saved)", typeConverter=_ANY)
+
+    def setParams(self, **params: Any) -> _XGBoostEstimator:
+        """Set Params by name; xgboost.spark's snake_case column names are accepted too."""
+        for name, value in params.items():
+            real = _ALIASES.get(name, name)
+            if not self.hasParam(real):
+                raise ParamError(self._unknown(name))
+            try:
+                self._set(**{real: value})
+            except TypeError as err:
+                raise ParamError(f"{real}={value!r}: {err}") from err
+        return self
+
+    def _unknown(self, name: str) -> str:
+        valid = sorted(p.name for p in self.params)
+        hint = _HINTS.get(name) or suggest(name, valid).strip() or f"Valid names: {valid}."
+        return f"{type(self).__name__} has no parameter {name!r}. {hint}"
+
+    def _fit(self, dataset: DataFrame) -> _XGBoostModel:
+        self._validate(dataset)
+        inner = self._xgboost_estimator()
+        try:
+            fitted = inner.fit(dataset)
+        except (Py4JJavaError, PySparkException) as err:  # a failed job
+            raise TrainingError(f"XGBoost training failed on the executors: "
+                                f"{_worker_message(err)}") from err
+        model = self._model_class(fitted)
+        self._copyValues(model)
+        return model
+
+    def _xgboost_estimator(self) -> Any:
+        return _push_params(self, getattr(_xgboost_spark(), self._xgb_estimator)())
+
+    # validation: Params, then schema, then the cluster, then one pass over the label
+    def _validate(self, dataset: DataFrame) -> None:
+        self._check_params()
+        self._check_schema(dataset.schema)
+        check_num_workers(dataset.sparkSession, self.getOrDefault("num_workers"),
+                          param="num_workers")
+        self._check_label(dataset)
+
+    def _check_params(self) -> None:
+        workers, device = self.getOrDefault("num_workers"), self.getOrDefault("device")
+        if workers < 1:
+            raise ParamError(f"num_workers={workers}: use 1 or more.")
+        if device not in DEVICES:
+            raise ParamError(f"device={device!r} is not one of {DEVICES}."
+                             f"{suggest(str(device), DEVICES)}")
+        try:  # xgboost.spark's own cross-checks (tree_method, early stopping, GPU conf)
+            self._xgboost_estimator()._validate_params()
+        except ValueError as err:
+            raise ParamError(str(err)) from err
+
+    def _check_schema(self, schema: StructType) -> None:
+        features, label = self.getOrDefault("featuresCol"), self.getOrDefault("labelCol")
+        require_columns(schema, [features], "featuresCol")
+        _check_features_type(schema, features)
+        require_columns(schema, [label], "labelCol")
+        if not isinstance(schema[label].dataType, NumericType):
+            raise SchemaError(
+                f"labelCol: column '{label}' has type {schema[label].dataType.simpleString()}, "
+                "not numeric; index it first (FeatureAssembler(labelCol=...) indexes string "
+                "labels) or cast it to double.")
+        for name, family in (("weightCol", NumericType), ("base_margin_col", NumericType),
+                             ("validationIndicatorCol", BooleanType)):
+            column = self.getOrDefault(name) if self.isDefined(name) else None
+            if column:
+                require_columns(schema, [column], name)
+                if not isinstance(schema[column].dataType, family):
+                    raise SchemaError(f"{name}: column '{column}' has type "
+                                      f"{schema[column].dataType.simpleString()}; it must be "
+                                      f"{'boolean' if family is BooleanType else 'numeric'}.")
+
+    def _check_label(self, dataset: DataFrame) -> None:
+        label = self.getOrDefault("labelCol")
+        aggregates = _label_aggregates(F.col(label).cast("double"), self._counts_classes)
+        stats = dataset.agg(*aggregates).first()
+        assert stats is not None
+        if stats["rows"] == 0:
+            raise SchemaError(f"{type(self).__name__}.fit got an empty DataFrame (0 rows); "
+                              "check the filter or split that produced it.")
+        if stats["missing"]:
+            raise SchemaError(f"labelCol: column '{label}' has {stats['missing']} null or NaN "
+                              "values; drop or fill those rows before fitting.")
+        self._check_label_values(label, stats)
+
+    def _check_label_values(self, label: str, stats: Any) -> None:
+        """Classifiers check class indices; regressors take any non-missing label."""
+
+
+def _label_aggregates(label: Any, classes: bool) -> list[Any]:
+    """Row and missing-label counts, plus (for classifiers) what class indices need."""
+    aggregates = [F.count(F.lit(1)).alias("rows"),
+                  F.count_if(label.isNull() | F.isnan(label)).alias("missing")]
+    if classes:
+        aggregates += [F.min(label).alias("min"), F.max(label).alias("max"),
+                       F.count_if(label != F.floor(label)).alias("fractional"),
+                       F.count_distinct(label).alias("classes")]
+    return aggregates
+
+
+def _check_features_type(schema: StructType, name: str) -> None:
+    dtype = schema[name].dataType
+    if isinstance(dtype, VectorUDT) or (isinstance(dtype, ArrayType)
+                                        and isinstance(dtype.elementType, NumericType)):
+        return
+    raise SchemaError(f"featuresCol: column '{name}' has type {dtype.simpleString()}; XGBoost "
+                      "needs an ML vector or an array of numbers. Assemble the features with "
+                      "sparkdist.features.FeatureAssembler.")
+
+
+def _worker_message(err: BaseException, limit: int = 3000) -> str:
+    """The informative part of a failed job's message: before the JVM stack, capped."""
+    text = str(err).split("\n\tat ", 1)[0].strip()
+    return text if len(text) <= limit else "..." + text[-limit:]
+
+
+class XGBoostClassifier(_XGBoostEstimator, _ClassifierParams):
+    """Gradient-boosted trees for binary and multiclass labels (class indices 0..k-1),
+    trained by ``num_workers`` XGBoost workers in one Spark barrier stage.
+
+    Outputs ``predictionCol`` (class index), ``probabilityCol`` and ``rawPredictionCol``
+    (vectors, as MLlib classifiers do, so Spark's evaluators work unchanged).
+
+    Examples
+    --------
+    >>> clf = XGBoostClassifier(labelCol="churned", num_workers=2, max_depth=4,
+    ...                         n_estimators=200, learning_rate=0.1)
+    >>> model = clf.fit(assembled_train)
+    >>> model.transform(assembled_test).select("prediction", "probability")
+    """
+
+    _xgb_estimator = "SparkXGBClassifier"
+    _counts_classes = True
+
+    @keyword_only
+    def __init__(self, **params: Any) -> None:
+        super().__init__()
+        self.setParams(**self._input_kwargs)  # type: ignore[attr-defined]
+
+    def _check_label_values(self, label: str, stats: Any) -> None:
+        classes, low, high = stats["classes"], stats["min"], stats["max"]
+        top = 1 if classes <= 2 else classes - 1  # binary:logistic takes {0, 1}
+        if stats["fractional"] or low < 0 or high > top or (classes > 2 and low != 0):
+            raise SchemaError(
+                f"labelCol: column '{label}' holds {classes} distinct values from {low:g} to "
+                f"{high:g}; XGBoostClassifier needs class indices 0..{max(top, 1)}. Index the "
+                "label first (FeatureAssembler(labelCol=...) or StringIndexer).")
+
+
+class XGBoostRegressor(_XGBoostEstimator, _RegressorParams):
+    """Gradient-boosted trees for a numeric label, trained by ``num_workers`` XGBoost
+    workers in one Spark barrier stage.
+
+    Examples
+    --------
+    >>> reg = XGBoostRegressor(labelCol="price", num_workers=2, objective="reg:absoluteerror")
+    >>> model = reg.fit(assembled_train)
+    >>> model.transform(assembled_test).select("price", "prediction")
+    """
+
+    _xgb_estimator = "SparkXGBRegressor"
+
+    @keyword_only
+    def __init__(self, **params: Any) -> None:
+        super().__init__()
+        self.setParams(**self._input_kwargs)  # type: ignore[attr-defined]
+
+
+# -- models ----------------------------------------------------------------------------------
+class _XGBoostModel(Model, PersistentModel):
+    """A fitted XGBoost model: an ``xgboost.spark`` model with this model's Params pushed
+    down at transform time, saved as UBJSON booster + JSON Params."""
+
+    #: "classification" or "regression": how evaluation scores it.
+    task: ClassVar[str]
+    _xgb_model: ClassVar[str]  # class name in xgboost.spark
+    _xgb_sklearn: ClassVar[str]  # class name in xgboost
+
+    def __init__(self, inner: Any = None) -> None:
+        super().__init__()
+        self._inner = inner
+
+    @property
+    def xgboost_model(self) -> Any:
+        """The fitted ``xgboost.spark`` model, carrying this model's Params."""
+        if self._inner is None:
+            raise SparkdistError(f"{type(self).__name__} is not fitted; fit an estimator or "
+                                 "load a saved model.")
+        return _push_params(self, self._inner.copy())
+
+    def get_booster(self) -> Any:
+        """The trained ``xgboost.Booster`` (feature importances, dumps, SHAP)."""
+        return self.xgboost_model.get_booster()
+
+    def _transform(self, dataset: DataFrame) -> DataFrame:
+        require_columns(dataset.schema, [self.getOrDefault("featuresCol")], "featuresCol")
+        _check_features_type(dataset.schema, self.getOrDefault("featuresCol"))
+        return self.xgboost_model.transform(dataset)
+
+    # persistence: sparkdist.persist writes and reads (strictly, without pickle)
+    def _save_artifacts(self, path: str) -> None:
+        _write_bytes(f"{path}/{BOOSTER_FILE}", bytes(self.get_booster().save_raw(BOOSTER_FORMAT)))
+
+    def _state(self) -> dict[str, Any]:
+        import xgboost
+
+        return {"boosterFile": BOOSTER_FILE, "boosterFormat": BOOSTER_FORMAT,
+                "xgboostVersion": xgboost.__version__}
+
+    @classmethod
+    def _from_state(cls, state: dict[str, Any], path: str) -> _XGBoostModel:
+        if not isinstance(state, dict) or state.get("boosterFormat") != BOOSTER_FORMAT:
+            raise ModelLoadError(f"'{path}': unsupported booster format in metadata "
+                                 f"({state!r}); sparkdist writes '{BOOSTER_FORMAT}' only.")
+        raw = _read_bytes(f"{path.rstrip('/')}/{BOOSTER_FILE}")
+        return cls(cls._wrap_booster(raw, path))
+
+    @classmethod
+    def _wrap_booster(cls, raw: bytes, path: str) -> Any:
+        """Parse UBJSON into xgboost's sklearn model inside the ``xgboost.spark`` model."""
+        if not raw.startswith(b"{"):  # a UBJSON object opens with '{': refuse anything else
+            raise ModelLoadError(f"'{path}/{BOOSTER_FILE}' is not a UBJSON booster.")
+        xgboost_spark = _xgboost_spark()
+        import xgboost
+
+        sklearn_model = getattr(xgboost, cls._xgb_sklearn)()
+        try:
+            sklearn_model.load_model(bytearray(raw))
+        except (xgboost.core.XGBoostError, TypeError, ValueError) as err:
+            raise ModelLoadError(f"'{path}/{BOOSTER_FILE}' is not a valid XGBoost booster: "
+                                 f"{err}") from err
+        return getattr(xgboost_spark, cls._xgb_model)(sklearn_model)
+
+
+class XGBoostClassificationModel(_XGBoostModel, _ClassifierParams):
+    """A fitted :class:`XGBoostClassifier`.
+
+    Examples
+    --------
+    >>> model = XGBoostClassifier(num_workers=2).fit(train)
+    >>> model.write().overwrite().save("/models/xgb")
+    >>> same = XGBoostClassificationModel.load("/models/xgb")
+    >>> same.get_booster().get_score(importance_type="gain")
+    """
+
+    task = "classification"
+    _xgb_model = "SparkXGBClassifierModel"
+    _xgb_sklearn = "XGBClassifier"
+
+
+class XGBoostRegressionModel(_XGBoostModel, _RegressorParams):
+    """A fitted :class:`XGBoostRegressor`.
+
+    Examples
+    --------
+    >>> model = XGBoostRegressor(num_workers=2).fit(train)
+    >>> model.transform(test).select("prediction")
+    """
+
+    task = "regression"
+    _xgb_model = "SparkXGBRegressorModel"
+    _xgb_sklearn = "XGBRegressor"
+
+
+XGBoostClassifier._model_class = XGBoostClassificationModel
+XGBoostRegressor._model_class = XGBoostRegressionModel
+
+
+# -- booster files ---------------------------------------------------------------------------
+def _write_bytes(path: str, data: bytes) -> None:
+    filesystem, inner = store.resolve(path)
+    filesystem.create_dir(inner.rsplit("/", 1)[0], recursive=True)
+    with filesystem.open_output_stream(inner) as out:
+        out.write(data)
+
+
+def _read_bytes(path: str) -> bytes:
+    if not store.exists(path):
+        raise ModelLoadError(f"'{path}' is missing: the model directory is incomplete.")
+    filesystem, inner = store.resolve(path)
+    with filesystem.open_input_stream(inner) as source:
+        return bytes(source.read())
