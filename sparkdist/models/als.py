@@ -15,10 +15,7 @@ Like MLlib's ALS, the input DataFrame must be deterministic (the same rows when 
 
 Examples
 --------
->>> als = ALS(userCol="user_id", itemCol="item_id", ratingCol="rating", rank=8, seed=0)
->>> model = als.fit(train)
->>> model.transform(test).select("user_id", "item_id", "prediction").first()
-Row(user_id='u00003', item_id='i0017', prediction=3.41...)
+>>> model = ALS(userCol="user_id", itemCol="item_id", rank=8, seed=0).fit(train)
 >>> model.recommendForAllUsers(5).first().recommendations[0]
 Row(item_id='i0042', rating=4.87...)
 >>> model.rankingMetrics(test, k=10)["ndcg@10"]
@@ -461,9 +458,6 @@ class ALSModel(MLlibModel, _ALSModelParams):
             predictions.unpersist()
 
     # -- persistence -----------------------------------------------------------------------
-    def _state(self) -> dict[str, Any]:
-        return {"indexDirs": [USER_INDEX_DIR, ITEM_INDEX_DIR]}
-
     def _save_artifacts(self, path: str) -> None:
         super()._save_artifacts(path)
         self._mapping(_U).write.parquet(f"{path}/{USER_INDEX_DIR}")
@@ -471,11 +465,10 @@ class ALSModel(MLlibModel, _ALSModelParams):
 
     @classmethod
     def _from_state(cls, state: dict[str, Any], path: str) -> ALSModel:
-        spark = SparkSession.active()
-        user_dir, item_dir = state.get("indexDirs", [USER_INDEX_DIR, ITEM_INDEX_DIR])
+        read = SparkSession.active().read
         return cls(cls._mllib_model.load(f"{path}/{MLLIB_DIR}"),
-                   spark.read.parquet(f"{path}/{user_dir}").cache(),
-                   spark.read.parquet(f"{path}/{item_dir}").cache())
+                   read.parquet(f"{path}/{USER_INDEX_DIR}").cache(),
+                   read.parquet(f"{path}/{ITEM_INDEX_DIR}").cache())
 
 
 # -- id mappings ---------------------------------------------------------------------------

@@ -66,6 +66,18 @@ def small(spark):
     return spark.createDataFrame(pdf[["user_id", "item_id", "rating"]]).cache()
 
 
+def test_mllib_params_and_defaults_are_kept():
+    from pyspark.ml.recommendation import ALS as MLlibALS
+
+    ours, theirs = ALS(), MLlibALS()
+    for param in theirs.params:
+        assert ours.hasParam(param.name), param.name
+        if param.name not in ("coldStartStrategy", "seed"):
+            assert ours.getOrDefault(param.name) == theirs.getOrDefault(param.name), param.name
+    assert ours.getColdStartStrategy() == "drop" and ours.getDuplicatePolicy() == "error"
+    assert ALS(rank=3).setMaxIter(4).getMaxIter() == 4 and ALS(rank=3).getRank() == 3
+
+
 # -- ids of any type -------------------------------------------------------------------------
 def test_string_ids_round_trip(data, model):
     _, train, test = data
@@ -186,7 +198,8 @@ def test_checkpoint_dir_is_set_automatically(spark, small, caplog):
             als(rank=2, maxIter=4, checkpointInterval=2).fit(small)
         directory = sc.getCheckpointDir()
         assert directory is not None and "sparkdist-checkpoints-" in directory
-        assert os.path.isdir(directory.removeprefix("file:"))
+        written = os.listdir(directory.removeprefix("file:"))
+        assert any(name.startswith("rdd-") for name in written)  # MLlib did checkpoint
         message = " ".join(r.getMessage() for r in caplog.records)
         assert "sparkdist-checkpoints-" in message and "setCheckpointDir" in message
     finally:
@@ -194,10 +207,10 @@ def test_checkpoint_dir_is_set_automatically(spark, small, caplog):
 
 
 def test_checkpoint_without_spark_context_warns(monkeypatch, caplog):
-    class ConnectLike:  # a Spark Connect session has no SparkContext
+    class ConnectLike:  # what a Spark Connect session raises for its missing SparkContext
         @property
         def sparkContext(self):
-            raise NotImplementedError("sparkContext() is not implemented")
+            raise AttributeError("[JVM_ATTRIBUTE_NOT_SUPPORTED] sparkContext")
 
     monkeypatch.setattr(als_module, "_LOGGED", set())
     with caplog.at_level(logging.WARNING, logger="sparkdist.models.als"):
