@@ -39,6 +39,7 @@ test: setup
 
 bench: setup
 	$(PY) bench/split_assembly.py
+	$(PY) bench/classical.py
 
 lint: setup
 	$(PY) -m ruff check sparkdist tests jobs bench

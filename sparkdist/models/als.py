@@ -399,10 +399,11 @@ class ALSModel(MLlibModel, _ALSModelParams):
          'mae': 0.28}
         """
         _check_k("k", k)
-        rating = self.getRatingCol()
-        require_columns(dataset.schema, [rating], "ratingCol")
+        user, item, rating = self.getUserCol(), self.getItemCol(), self.getRatingCol()
+        for param, col in (("userCol", user), ("itemCol", item), ("ratingCol", rating)):
+            require_columns(dataset.schema, [col], param)
         valid = F.col(rating).isNotNull() & ~F.isnan(F.col(rating).cast("double"))
-        known = (self._with_indices(dataset).where(valid)
+        known = (self._with_indices(dataset.select(user, item, rating)).where(valid)
                  .where((F.col(_U) >= 0) & (F.col(_I) >= 0)).cache())
         try:
             metrics = self._ranking(known, k, relevanceThreshold)

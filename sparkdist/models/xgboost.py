@@ -129,7 +129,7 @@ _SHARED_PARAMS: dict[str, tuple[Any, Any, str]] = {
     "eval_metric": (_ANY, None, "metric name, or list of names, on the validation rows"),
     "early_stopping_rounds": (_I, None, "stop after this many rounds without validation "
                                         "improvement (needs validationIndicatorCol)"),
-    "verbose": (_B, True, "log evaluation results each round on the workers"),
+    "verbose": (_B, False, "log evaluation results each round on the workers (off: quiet)"),
     "iteration_range": (TypeConverters.toListInt, None, "[begin, end) rounds used to predict"),
     # True, unlike xgboost.spark: filtered or split input often has skewed or empty
     # partitions, and an empty partition leaves its worker (a whole task slot) idle.

@@ -66,7 +66,7 @@ def small(spark):
     return spark.createDataFrame(pdf[["user_id", "item_id", "rating"]]).cache()
 
 
-def test_mllib_params_and_defaults_are_kept():
+def test_mllib_params_and_defaults_are_kept(spark):  # MLlib stages need a SparkContext
     from pyspark.ml.recommendation import ALS as MLlibALS
 
     ours, theirs = ALS(), MLlibALS()
