@@ -118,7 +118,7 @@ def write_samples(directory: str | Path) -> list[Path]:
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     samples = {"churn_sample.parquet": make_churn(5_000, seed=0),
-               "ratings_sample.parquet": make_ratings(seed=0)}
+               "ratings_sample.parquet": make_ratings(density=0.3, seed=0)}
     paths = []
     for name, pdf in samples.items():
         pdf.attrs = {}

@@ -34,6 +34,8 @@ def evaluate(model: Model, df: DataFrame, k: int = 10) -> dict[str, float]:
     final = final_stage(model)
     task = task_of(final)
     if task == "recommendation":
+        if isinstance(model, PipelineModel):  # the stages before the recommender, applied
+            df = PipelineModel(model.stages[:-1]).transform(df)
         return dict(final.rankingMetrics(df, k=k))
     predictions = model.transform(df).cache()
     try:

@@ -67,7 +67,7 @@ def log_workflow(config: Mapping[str, Any], split: Mapping[str, Any],
     mlflow.log_dict(dict(split), "split.json")
     mlflow.log_params(flatten({"split": split}))
     for model, metrics in table.items():
-        mlflow.log_metrics({f"{model}.{k}": v for k, v in metrics.items()})
+        mlflow.log_metrics(metric_names({f"{model}.{k}": v for k, v in metrics.items()}))
 
 
 def log_model_run(name: str, params: Mapping[str, Any], metrics: Mapping[str, float],
@@ -80,7 +80,7 @@ def log_model_run(name: str, params: Mapping[str, Any], metrics: Mapping[str, fl
 
     with mlflow.start_run(run_name=name, nested=True) as run:
         mlflow.log_params(flatten(params))
-        mlflow.log_metrics(dict(metrics))
+        mlflow.log_metrics(metric_names(metrics))
         mlflow.log_dict(dict(split), "split.json")
         mlflow.log_dict({"features": features}, "features.json")
         for figure_name, figure in figures.items():
@@ -96,6 +96,11 @@ def load_model(run_id: str, uri: str | None = None) -> Any:
     mlflow = _mlflow()
     mlflow.set_tracking_uri(tracking_uri(uri))
     return mlflow.spark.load_model(f"runs:/{run_id}/model")
+
+
+def metric_names(metrics: Mapping[str, float]) -> dict[str, float]:
+    """MLflow allows no '@' in names: precision@10 is logged as precision_at_10."""
+    return {name.replace("@", "_at_"): value for name, value in metrics.items()}
 
 
 def flatten(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
