@@ -22,6 +22,7 @@ from sparkdist.columns import suggest
 from sparkdist.config import ConfigError, DataConfig, ModelConfig, WorkflowConfig
 from sparkdist.evaluation import evaluate, final_stage, task_of
 from sparkdist.features import FeatureAssembler, FeatureAssemblerModel, split
+from sparkdist.features.split import training_split
 from sparkdist.session import get_spark
 
 Progress = Callable[[str], None]
@@ -64,8 +65,9 @@ def run(config: WorkflowConfig, spark: SparkSession | None = None,
     spark = spark or get_spark(app_name=f"sparkdist-{config.name}")
     progress(f"loading data ({_describe(config.data)})")
     parts = split(load_data(spark, config.data), **_split_kwargs(config))
-    names = list(parts)  # the first split trains, the last one tests
-    train, test = parts[names[0]].cache(), parts[names[-1]].cache()
+    fit_on = training_split(list(parts))
+    score_on = "test" if "test" in parts else [n for n in parts if n != fit_on][-1]
+    train, test = parts[fit_on].cache(), parts[score_on].cache()
     result = WorkflowResult(config=config, split=parts.metadata)
     progress(f"split {result.split['method']}: {result.split['counts']}")
     try:

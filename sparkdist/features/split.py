@@ -81,13 +81,13 @@ def split(df: DataFrame, fractions: Mapping[str, float], method: str = "random",
     Parameters
     ----------
     fractions : mapping of split name to fraction, in order; the fractions sum to 1.
-        For ``time`` earlier rows go to earlier splits; for ``cold_start`` the first split is
-        the training side.
+        For ``time`` earlier rows go to earlier splits; for ``cold_start`` the training side
+        is the split named ``train`` (else the first).
     method : ``random`` (hash of ``keyCols``, default all columns), ``stratified`` (per-class
         fractions exact to a row, ``labelCol``), ``time`` (cut-offs at time quantiles of
         ``timeCol``, or explicit ``cutoffs``), ``group`` (all rows of a ``groupCol`` value on
-        one side) or ``cold_start`` (every ``userCol`` and ``itemCol`` value of the later
-        splits also appears in the first; rows that would break this move to the first).
+        one side) or ``cold_start`` (every ``userCol`` and ``itemCol`` value of the other
+        splits also appears in the training side; rows that would break this move to it).
     seed : the hash seed; the same seed and data give the same split anywhere.
     """
     names, fracs = _check_fractions(fractions)
@@ -241,9 +241,9 @@ def _by_time(time: Column, names: Sequence[str], bounds: Sequence[datetime]) -> 
 
 def _cold_start(df: DataFrame, user: str, item: str, names: Sequence[str],
                 fracs: Sequence[float], seed: int, keyCols: Sequence[str] | None) -> DataFrame:
-    """Random split by (user, item), then rows of the later splits whose user or item is not
-    in the first split move to the first split."""
-    first = names[0]
+    """Random split by (user, item), then rows of the other splits whose user or item is not
+    in the training split move to it."""
+    first = training_split(names)
     tentative = df.withColumn(_SPLIT, _cumulative(_unit(keyCols or [user, item], seed),
                                                   names, fracs))
     seen = tentative.where(F.col(_SPLIT) == first)
@@ -254,6 +254,11 @@ def _cold_start(df: DataFrame, user: str, item: str, names: Sequence[str],
     cold = F.col("_sd_uk").isNull() | F.col("_sd_ik").isNull()
     return (joined.withColumn(_SPLIT, F.when(cold, first).otherwise(F.col(_SPLIT)))
             .drop("_sd_u", "_sd_uk", "_sd_i", "_sd_ik"))
+
+
+def training_split(names: Sequence[str]) -> str:
+    """The split that trains: the one named 'train', else the first."""
+    return "train" if "train" in names else names[0]
 
 
 def _as_datetime(value: Any, param: str) -> datetime:

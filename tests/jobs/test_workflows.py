@@ -24,7 +24,7 @@ def _config(tmp_path: Path, name: str, **changes) -> Path:
     raw["output"] = {"modelDir": str(tmp_path / "models")}
     raw.update(changes)
     path = tmp_path / name
-    path.write_text(yaml.safe_dump(raw))
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
     return path
 
 

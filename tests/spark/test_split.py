@@ -251,6 +251,17 @@ def test_cold_start_split_has_no_cold_users_or_items(sparse_ratings, seed):
     assert counts == {"train": len(train), "test": len(test)}
 
 
+def test_cold_start_trains_on_the_split_named_train(sparse_ratings, seed):
+    # The name decides, not the order: a config file's keys may come back sorted.
+    parts = split(sparse_ratings, {"test": 0.3, "train": 0.7}, method="cold_start", seed=seed,
+                  userCol="user_id", itemCol="item_id")
+    train = parts["train"].select("user_id", "item_id").collect()
+    test = parts["test"].select("user_id", "item_id").collect()
+    assert len(train) > len(test) > 0
+    assert {r[0] for r in test} <= {r[0] for r in train}
+    assert {r[1] for r in test} <= {r[1] for r in train}
+
+
 # -- metadata --------------------------------------------------------------------------------
 def test_metadata_contents(churn_df, seed, n_rows):
     parts = split(churn_df, THREE_WAY, method="random", seed=seed, keyCols=["customer_id"])
