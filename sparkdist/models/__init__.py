@@ -15,6 +15,8 @@ _EXPORTS = {
     "RandomForestRegressionModel": "forest",
     "ALS": "als",
     "ALSModel": "als",
+    "TorchEstimator": "torch",
+    "TorchModel": "torch",
     "XGBoostClassifier": "xgboost",
     "XGBoostClassificationModel": "xgboost",
     "XGBoostRegressor": "xgboost",

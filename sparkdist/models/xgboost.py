@@ -57,6 +57,7 @@ from sparkdist.exceptions import (
     SparkdistError,
     TrainingError,
 )
+from sparkdist.launch.barrier import worker_message
 from sparkdist.launch.preflight import check_num_workers
 from sparkdist.persist import ParamsPersistence, PersistentModel
 
@@ -233,7 +234,7 @@ class _XGBoostEstimator(Estimator, ParamsPersistence):
             fitted = inner.fit(dataset)
         except (Py4JJavaError, PySparkException) as err:  # a failed job
             raise TrainingError(f"XGBoost training failed on the executors: "
-                                f"{_worker_message(err)}") from err
+                                f"{worker_message(err)}") from err
         model = self._model_class(fitted)
         self._copyValues(model)
         return model
@@ -317,12 +318,6 @@ def _check_features_type(schema: StructType, name: str) -> None:
     raise SchemaError(f"featuresCol: column '{name}' has type {dtype.simpleString()}; XGBoost "
                       "needs an ML vector or an array of numbers. Assemble the features with "
                       "sparkdist.features.FeatureAssembler.")
-
-
-def _worker_message(err: BaseException, limit: int = 3000) -> str:
-    """The informative part of a failed job's message: before the JVM stack, capped."""
-    text = str(err).split("\n\tat ", 1)[0].strip()
-    return text if len(text) <= limit else "..." + text[-limit:]
 
 
 class XGBoostClassifier(_XGBoostEstimator, _ClassifierParams):

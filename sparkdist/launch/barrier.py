@@ -1,0 +1,338 @@
+"""The one place that starts a Spark barrier stage (every distributed fit goes through here).
+
+``run_barrier(df, worker, args, num_workers)`` runs the module-level function
+``worker(context, batches, args)`` in ``num_workers`` barrier tasks, one per partition of
+``df``, and returns the bytes that rank 0 returned. Around that call:
+
+- The stage ends in a shuffle (``.repartition(1)`` before the collect), which makes it a
+  ShuffleMapStage: Spark retries a failed barrier stage as a whole, where a barrier stage that
+  ends in a collect is never retried (../shared/design.md, section 4).
+- Rendezvous is one ``allGather`` per attempt (about 1 s each): rank 0 reserves free ports on
+  its own host and every task learns them. Nothing else uses Spark's barrier calls.
+- Every wait is bounded: the rendezvous (on the executors), the collectives (the backend's
+  own timeout, from ``collective_timeout_s``) and the whole job (cancelled on the driver).
+- Rank 0 may send progress records (small dicts) to the driver while the stage runs, over a
+  socket the driver listens on; ``on_report`` receives them in a driver thread.
+- Results travel as bytes and are never unpickled on the driver; a failure becomes a
+  :class:`TrainingError` carrying the failed worker's message and output tail.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import functools
+import json
+import logging
+import os
+import socket
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from sparkdist.exceptions import TrainingError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame
+
+_LOG = logging.getLogger(__name__)
+_CHUNK = 64 << 20  # result bytes per output row, far below Arrow's 2 GiB cell limit
+_RESULT_SCHEMA = "part INT, payload BINARY"
+#: Counted by tests and bench: the Spark barrier syncs a fit makes (the rendezvous only).
+SYNC_LOG_PREFIX = "sparkdist barrier sync"
+
+
+@dataclass(frozen=True)
+class BarrierSettings:
+    """Plain values the executor side needs (shipped with the task, never ``self``)."""
+
+    rendezvous_timeout_s: float = 120.0
+    collective_timeout_s: float = 600.0
+    report_address: tuple[str, int] | None = None
+    num_ports: int = 2
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """What every rank learns from the single allGather."""
+
+    master_addr: str
+    ports: tuple[int, ...]
+    hosts: tuple[str, ...]
+
+
+class WorkerContext:
+    """A barrier task's view: rank, world size, resources, rendezvous, progress, output tail."""
+
+    def __init__(self, task: Any, settings: BarrierSettings) -> None:
+        self._task = task
+        self.settings = settings
+        self.rank: int = task.partitionId()
+        self.world_size: int = len(task.getTaskInfos())
+        self.attempt: int = task.attemptNumber()
+        self.cpus: int = task.cpus()
+        self.gpus: tuple[str, ...] = _gpu_addresses(task)
+        self._tail: collections.deque[str] = collections.deque(maxlen=40)
+        self._report_socket: socket.socket | None = None
+        self.scratch = tempfile.mkdtemp(prefix=f"sparkdist-rank{self.rank}-")
+
+    def rendezvous(self) -> Rendezvous:
+        """One allGather: rank 0's host and free ports reach every rank (bounded wait)."""
+        host = self._task.getTaskInfos()[self.rank].address.rsplit(":", 1)[0]
+        ports = _free_ports(host, self.settings.num_ports) if self.rank == 0 else []
+        message = json.dumps({"host": host, "ports": ports})
+        self.log(f"{SYNC_LOG_PREFIX}: rendezvous of {self.world_size} (attempt {self.attempt})")
+        gathered = _with_timeout(lambda: self._task.allGather(message),
+                                 self.settings.rendezvous_timeout_s,
+                                 f"rank {self.rank}: not every one of the {self.world_size} "
+                                 f"workers reached the rendezvous within "
+                                 f"{self.settings.rendezvous_timeout_s:.0f} s")
+        peers = [json.loads(item) for item in gathered]
+        return Rendezvous(master_addr=peers[0]["host"], ports=tuple(peers[0]["ports"]),
+                          hosts=tuple(peer["host"] for peer in peers))
+
+    def log(self, message: str) -> None:
+        """Print to the executor's stderr and keep the line for the error tail."""
+        line = f"[sparkdist rank {self.rank}] {message}"
+        self._tail.append(line)
+        print(line, file=sys.stderr, flush=True)
+
+    def tail(self) -> str:
+        return "\n".join(self._tail)
+
+    def report(self, record: dict[str, Any]) -> None:
+        """Send a progress record to the driver (rank 0 only; best effort, never fails)."""
+        address = self.settings.report_address
+        if self.rank != 0 or address is None:
+            return
+        try:
+            if self._report_socket is None:
+                self._report_socket = socket.create_connection(address, timeout=5)
+            self._report_socket.sendall((json.dumps(record) + "\n").encode())
+        except OSError as err:
+            self.log(f"progress report to the driver failed ({err}); training goes on")
+            self.settings = BarrierSettings(**{**self.settings.__dict__,
+                                               "report_address": None})
+
+    def close(self) -> None:
+        if self._report_socket is not None:
+            with contextlib.suppress(OSError):
+                self._report_socket.close()
+        import shutil
+
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+Worker = Callable[[WorkerContext, Iterator["pa.RecordBatch"], dict[str, Any]], "bytes | None"]
+
+
+def run_barrier(df: DataFrame, worker: Worker, args: dict[str, Any], num_workers: int, *,
+                settings: BarrierSettings | None = None, timeout_s: float | None = None,
+                description: str = "sparkdist barrier stage",
+                on_report: Callable[[dict[str, Any]], None] | None = None) -> bytes:
+    """Run ``worker`` in ``num_workers`` barrier tasks over ``df``; return rank 0's bytes.
+
+    Parameters
+    ----------
+    df : the input; repartitioned to ``num_workers`` partitions unless it has that many.
+    worker : a module-level function ``(context, batches, args) -> bytes | None``.
+    args : plain, picklable values for the worker (read every Param into it on the driver).
+    num_workers : the number of barrier tasks (check the task slots first: preflight).
+    settings : timeouts and environment for the tasks.
+    timeout_s : cancel the whole job after this many seconds (None: no limit).
+    description : the Spark job description shown in the UI.
+    on_report : called in a driver thread with each progress record rank 0 sends.
+
+    Raises
+    ------
+    TrainingError : a task failed (after Spark's stage retries) or the job timed out.
+
+    Examples
+    --------
+    >>> payload = run_barrier(df, my_worker, {"epochs": 3}, num_workers=2)
+    """
+    settings = settings or BarrierSettings()
+    with _report_server(df, on_report) as address:
+        task_settings = BarrierSettings(**{**settings.__dict__, "report_address": address})
+        task = functools.partial(_barrier_task, worker, args, task_settings)
+        stage = (_with_partitions(df, num_workers)
+                 .mapInArrow(task, _RESULT_SCHEMA, barrier=True)
+                 .repartition(1))  # a shuffle after the barrier stage: Spark retries it
+        rows = _collect(stage, description, timeout_s)
+    if not rows:
+        raise TrainingError("the barrier stage finished but rank 0 returned no result.")
+    return b"".join(row["payload"] for row in sorted(rows, key=lambda row: row["part"]))
+
+
+def worker_message(err: BaseException, limit: int = 3000) -> str:
+    """The informative part of a failed job's message: before the JVM stack, capped."""
+    text = str(err).split("\n\tat ", 1)[0].strip()
+    return text if len(text) <= limit else "..." + text[-limit:]
+
+
+# ---------------------------------------------------------------------------- executor side
+def _barrier_task(worker: Worker, args: dict[str, Any], settings: BarrierSettings,
+                  batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    import pyarrow as pa
+    from pyspark import BarrierTaskContext
+
+    os.environ.update(settings.env)
+    context = WorkerContext(BarrierTaskContext.get(), settings)
+    try:
+        result = worker(context, batches, args)
+    except Exception as err:
+        raise TrainingError(f"rank {context.rank} of {context.world_size} failed: "
+                            f"{type(err).__name__}: {err}\n--- output tail of rank "
+                            f"{context.rank} ---\n{context.tail()}") from err
+    finally:
+        context.close()
+    if context.rank == 0 and result is not None:
+        chunks = [result[i:i + _CHUNK] for i in range(0, len(result), _CHUNK)] or [b""]
+        yield pa.RecordBatch.from_pydict(
+            {"part": pa.array(range(len(chunks)), pa.int32()),
+             "payload": pa.array(chunks, pa.binary())})
+
+
+def _free_ports(host: str, count: int) -> list[int]:
+    """Ports the OS says are free now on ``host`` (held together so they differ)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind((host, 0))
+            sockets.append(sock)
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def _with_timeout(call: Callable[[], Any], timeout_s: float, message: str) -> Any:
+    """Run a blocking call in a daemon thread; TimeoutError when it does not return in time."""
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["value"] = call()
+        except BaseException as err:  # re-raised in the caller's thread
+            outcome["error"] = err
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise TimeoutError(message)
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+def _gpu_addresses(task: Any) -> tuple[str, ...]:
+    resources = task.resources()
+    return tuple(resources["gpu"].addresses) if "gpu" in resources else ()
+
+
+# ------------------------------------------------------------------------------ driver side
+def _with_partitions(df: DataFrame, num_workers: int) -> DataFrame:
+    """One partition per worker. Spark refuses a barrier stage whose narrow lineage changes
+    the partition count (coalesce, union, limit), so anything else goes through a shuffle."""
+    return df if _barrier_ready(df, num_workers) else df.repartition(num_workers)
+
+
+def _barrier_ready(df: DataFrame, num_workers: int) -> bool:
+    """Whether every RDD of the stage that would run has ``num_workers`` partitions: Spark's
+    own barrier check, walked back to the previous shuffle (False on Spark Connect)."""
+    try:
+        pending = [df._jdf.queryExecution().toRdd()]
+    except Exception:  # Spark Connect: no JVM handle
+        return False
+    while pending:
+        rdd = pending.pop()
+        if rdd.getNumPartitions() != num_workers:
+            return False
+        dependencies = rdd.dependencies()
+        for i in range(dependencies.size()):
+            dependency = dependencies.apply(i)
+            if dependency.getClass().getSimpleName() != "ShuffleDependency":
+                pending.append(dependency.rdd())
+    return True
+
+
+def _collect(stage: DataFrame, description: str, timeout_s: float | None) -> list[Any]:
+    from py4j.protocol import Py4JJavaError
+    from pyspark.errors import PySparkException
+
+    sc = stage.sparkSession.sparkContext
+    group = f"sparkdist-{uuid.uuid4().hex[:12]}"
+    sc.setJobGroup(group, description, interruptOnCancel=True)
+    timer = threading.Timer(timeout_s, sc.cancelJobGroup, [group]) if timeout_s else None
+    started = time.monotonic()
+    try:
+        if timer:
+            timer.start()
+        return stage.collect()
+    except (Py4JJavaError, PySparkException) as err:
+        elapsed = time.monotonic() - started
+        if timeout_s and elapsed >= timeout_s:
+            raise TrainingError(f"{description}: cancelled after the timeout of "
+                                f"{timeout_s:.0f} s (raise it or find the stuck worker in "
+                                f"the executor logs).") from err
+        raise TrainingError(f"{description} failed on the executors: "
+                            f"{worker_message(err)}") from err
+    finally:
+        if timer:
+            timer.cancel()
+        sc.setLocalProperty("spark.jobGroup.id", None)
+        sc.setLocalProperty("spark.job.description", None)
+
+
+@contextlib.contextmanager
+def _report_server(df: DataFrame, on_report: Callable[[dict[str, Any]], None] | None
+                   ) -> Iterator[tuple[str, int] | None]:
+    """Listen on the driver host for rank 0's progress lines while the stage runs."""
+    host = _driver_host(df) if on_report else None
+    if on_report is None or host is None:
+        yield None
+        return
+    server = socket.create_server((host, 0))
+    server.settimeout(0.5)
+    stop = threading.Event()
+    thread = threading.Thread(target=_serve_reports, args=(server, stop, on_report),
+                              daemon=True)
+    thread.start()
+    try:
+        yield host, server.getsockname()[1]
+    finally:
+        stop.set()
+        thread.join(5)
+        server.close()
+
+
+def _serve_reports(server: socket.socket, stop: threading.Event,
+                   on_report: Callable[[dict[str, Any]], None]) -> None:
+    while not stop.is_set():
+        try:
+            connection, _ = server.accept()
+        except (TimeoutError, OSError):
+            continue
+        with connection, connection.makefile("r") as lines:
+            connection.settimeout(None)
+            for line in lines:
+                try:
+                    on_report(json.loads(line))
+                except Exception as err:  # a bad record must not stop training
+                    _LOG.warning("ignoring a progress record: %s", err)
+
+
+def _driver_host(df: DataFrame) -> str | None:
+    try:
+        return df.sparkSession.conf.get("spark.driver.host")
+    except Exception:
+        return None

@@ -1,0 +1,1 @@
+"""Executor-side training code: data feed, training loop, communication backends."""

@@ -1,0 +1,470 @@
+"""Executor-side data feed: Arrow batches of one partition in, torch tensors out.
+
+A Spark partition reaches a barrier task as an iterator of ``pyarrow.RecordBatch`` with a
+``features`` column (list of numbers, one length ``dim`` for every row), a ``label`` column and
+optionally a boolean ``is_validation`` column. :func:`spill` makes one pass over it and writes
+training and validation rows to two local Arrow IPC files in blocks of ``block_rows`` rows.
+Each epoch then reads a file through a memory map (:meth:`SpilledRows.batches`): blocks in a
+seeded random order, rows mixed in a sliding buffer of a few blocks. Memory is bounded by that
+buffer and one batch, never by the partition size, and no row becomes a Python object.
+
+Every rank yields the same number of steps per epoch, however many rows it holds:
+:func:`step_sizes` splits a rank's rows over the steps, and the training loop calls it with
+every rank's row count to know the global batch size of each step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterable, Iterator
+from types import TracebackType
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import torch
+
+from sparkdist.exceptions import SchemaError
+
+FEATURES = "features"
+LABEL = "label"
+IS_VALIDATION = "is_validation"
+TRAIN_FILE = "train.arrow"
+VALIDATION_FILE = "validation.arrow"
+DEFAULT_BLOCK_ROWS = 4096
+DEFAULT_SHUFFLE_BLOCKS = 8
+
+# A (features [rows, dim], labels [rows]) pair of float32 arrays.
+Chunk = tuple[np.ndarray, np.ndarray]
+
+
+def step_sizes(n: int, num_steps: int) -> np.ndarray:
+    """Split ``n`` rows over ``num_steps`` steps: ``floor((s+1)n/k) - floor(sn/k)`` at step s.
+
+    Every rank uses this rule, so any rank can compute every other rank's batch sizes (and so
+    the global batch size of each step) from the all-gathered row counts.
+
+    Parameters
+    ----------
+    n : int
+        Number of rows (0 or more).
+    num_steps : int
+        Number of steps (1 or more).
+
+    Returns
+    -------
+    numpy.ndarray
+        ``num_steps`` int64 sizes that sum to ``n`` and differ by at most 1.
+
+    Examples
+    --------
+    >>> step_sizes(5, 3).tolist()
+    [1, 2, 2]
+    """
+    if num_steps < 1:
+        raise ValueError(f"num_steps={num_steps} must be at least 1")
+    if n < 0:
+        raise ValueError(f"n={n} rows cannot be negative")
+    bounds = np.arange(num_steps + 1, dtype=np.int64) * n // num_steps
+    return np.diff(bounds)
+
+
+def spill(
+    batches: Iterable[pa.RecordBatch],
+    directory: str,
+    block_rows: int = DEFAULT_BLOCK_ROWS,
+    dim: int | None = None,
+) -> tuple[SpilledRows, SpilledRows]:
+    """Write one partition's rows to local Arrow files, training and validation apart.
+
+    Parameters
+    ----------
+    batches : iterable of pyarrow.RecordBatch
+        The partition: ``features`` (list of numbers), ``label`` (number) and optionally
+        ``is_validation`` (bool; null counts as training). Other columns are ignored.
+    directory : str
+        Local scratch directory (created if missing); receives ``train.arrow`` and
+        ``validation.arrow``. Deleting it afterwards is the caller's job.
+    block_rows : int, default 4096
+        Rows per record batch in the files (the last one may be shorter): the unit of shuffling.
+    dim : int, optional
+        Expected vector length. Without it the first non-empty batch sets it; with it, an empty
+        partition still writes files that know their ``dim``.
+
+    Returns
+    -------
+    tuple of SpilledRows
+        ``(training, validation)``, both open; close them (or use ``with``) when done.
+
+    Raises
+    ------
+    SchemaError
+        A column is missing or not numeric, holds nulls, or vectors differ in length.
+
+    Examples
+    --------
+    >>> train, validation = spill(batches, "/tmp/scratch")  # doctest: +SKIP
+    >>> with train:
+    ...     for x, y in train.batches(seed=1, epoch=0, num_steps=100):
+    ...         ...
+    """
+    if block_rows < 1:
+        raise ValueError(f"block_rows={block_rows} must be at least 1")
+    os.makedirs(directory, exist_ok=True)
+    paths = (os.path.join(directory, TRAIN_FILE), os.path.join(directory, VALIDATION_FILE))
+    writers = (_BlockWriter(paths[0], block_rows), _BlockWriter(paths[1], block_rows))
+    try:
+        dim = _spill_into(batches, writers, dim)
+    except BaseException:
+        for writer in writers:
+            writer.abort()
+        raise
+    for writer in writers:
+        writer.close(dim)
+    return SpilledRows(paths[0]), SpilledRows(paths[1])
+
+
+def _spill_into(
+    batches: Iterable[pa.RecordBatch], writers: tuple[_BlockWriter, _BlockWriter], dim: int | None
+) -> int | None:
+    """Route every row to the training or validation writer; return the vector length."""
+    first_row = 0
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        rows, dim = _normalise(batch, dim, first_row)
+        first_row += batch.num_rows
+        mask = _validation_mask(batch)
+        if mask is None:
+            writers[0].write(rows)
+        else:
+            writers[0].write(rows.filter(pc.invert(mask)))
+            writers[1].write(rows.filter(mask))
+    return dim
+
+
+def _schema(dim: int) -> pa.Schema:
+    """The file schema; ``dim`` 0 marks a file whose vector length is unknown (no rows)."""
+    return pa.schema([
+        pa.field(FEATURES, pa.list_(pa.float32(), dim), nullable=False),
+        pa.field(LABEL, pa.float32(), nullable=False),
+    ])
+
+
+def _normalise(batch: pa.RecordBatch, dim: int | None, first_row: int) -> tuple[
+        pa.RecordBatch, int]:
+    """Return the batch as (fixed_size_list<float32, dim>, float32) and its vector length."""
+    for column in (FEATURES, LABEL):
+        if column not in batch.schema.names:
+            raise SchemaError(
+                f"column '{column}' is missing from the partition (columns: "
+                f"{batch.schema.names}); select the features and label columns before training")
+    values, dim = _flat_values(batch.column(FEATURES), dim, first_row)
+    vectors = pa.FixedSizeListArray.from_arrays(values, dim)
+    labels = _as_float32(batch.column(LABEL), LABEL)
+    return pa.RecordBatch.from_arrays([vectors, labels], schema=_schema(dim)), dim
+
+
+def _flat_values(features: pa.Array, dim: int | None, first_row: int) -> tuple[pa.Array, int]:
+    """Check the vector lengths and return all values, row after row, as float32."""
+    kind = features.type
+    if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)
+            or pa.types.is_fixed_size_list(kind)):
+        raise SchemaError(
+            f"column '{FEATURES}' has type {kind}; it must be an array of numbers (turn a "
+            "Vector column into one with pyspark.ml.functions.vector_to_array)")
+    if features.null_count:
+        raise SchemaError(f"column '{FEATURES}' holds {features.null_count} null vectors; "
+                          "drop or impute them before training")
+    if pa.types.is_fixed_size_list(kind):
+        lengths = np.full(len(features), kind.list_size)
+    else:
+        lengths = pc.list_value_length(features).to_numpy(zero_copy_only=False)
+    dim = int(lengths[0]) if dim is None else dim
+    _check_lengths(lengths, dim, first_row)
+    return _as_float32(features.flatten(), FEATURES), dim
+
+
+def _check_lengths(lengths: np.ndarray, dim: int, first_row: int) -> None:
+    """Raise :class:`SchemaError` at the first vector whose length is not ``dim``."""
+    if dim < 1:
+        raise SchemaError(f"column '{FEATURES}' holds empty vectors; every row needs at least "
+                          "one feature")
+    bad = np.flatnonzero(lengths != dim)
+    if bad.size:
+        row = int(bad[0])
+        raise SchemaError(
+            f"column '{FEATURES}' holds vectors of different lengths: {dim} and "
+            f"{int(lengths[row])} (row {first_row + row} of this partition); every row needs "
+            "the same length: pad or truncate the vectors (or fix the feature pipeline) "
+            "before training")
+
+
+def _as_float32(values: pa.Array, column: str) -> pa.Array:
+    """Cast numbers to float32; nulls and non-numbers raise :class:`SchemaError`."""
+    kind = values.type
+    if not (pa.types.is_integer(kind) or pa.types.is_floating(kind)
+            or pa.types.is_decimal(kind) or pa.types.is_boolean(kind)):
+        raise SchemaError(f"column '{column}' holds values of type {kind}; it must hold "
+                          "numbers (cast it to double first)")
+    if values.null_count:
+        raise SchemaError(f"column '{column}' holds {values.null_count} null values; drop or "
+                          "impute them before training")
+    # Unsafe: float64 -> float32 may round, which is what training on float32 means anyway.
+    return values.cast(pa.float32(), safe=False)
+
+
+def _validation_mask(batch: pa.RecordBatch) -> pa.Array | None:
+    """The rows to keep for validation, or None when every row is for training."""
+    if IS_VALIDATION not in batch.schema.names:
+        return None
+    mask = pc.fill_null(batch.column(IS_VALIDATION).cast(pa.bool_()), False)
+    return mask if pc.any(mask).as_py() else None
+
+
+class _BlockWriter:
+    """Writes rows to an Arrow IPC file in record batches of exactly ``block_rows`` rows."""
+
+    def __init__(self, path: str, block_rows: int) -> None:
+        self._path = path
+        self._block_rows = block_rows
+        self._pending: list[pa.RecordBatch] = []
+        self._pending_rows = 0
+        self._writer: pa.ipc.RecordBatchFileWriter | None = None
+
+    def write(self, rows: pa.RecordBatch) -> None:
+        """Queue rows; write every full block (the queue stays under one block)."""
+        if rows.num_rows == 0:
+            return
+        self._pending.append(rows)
+        self._pending_rows += rows.num_rows
+        if self._pending_rows >= self._block_rows:
+            self._flush(final=False)
+
+    def _flush(self, final: bool) -> None:
+        table = pa.Table.from_batches(self._pending).combine_chunks()
+        full = table.num_rows if final else table.num_rows - table.num_rows % self._block_rows
+        for start in range(0, full, self._block_rows):
+            self._emit(table.slice(start, min(self._block_rows, full - start)))
+        rest = table.slice(full)
+        self._pending = rest.to_batches() if rest.num_rows else []
+        self._pending_rows = rest.num_rows
+
+    def _emit(self, block: pa.Table) -> None:
+        if self._writer is None:
+            self._writer = pa.ipc.new_file(self._path, block.schema)
+        self._writer.write_table(block, max_chunksize=self._block_rows)
+
+    def close(self, dim: int | None) -> None:
+        """Write the last, shorter block; an empty file still gets the schema."""
+        if self._pending_rows:
+            self._flush(final=True)
+        if self._writer is None:
+            self._writer = pa.ipc.new_file(self._path, _schema(dim or 0))
+        self._writer.close()
+
+    def abort(self) -> None:
+        """Release the file after a failure; the half-written file is left for the caller."""
+        if self._writer is not None:
+            with contextlib.suppress(Exception):  # the original error is the one to report
+                self._writer.close()
+
+
+class SpilledRows:
+    """Rows spilled by :func:`spill`, read zero-copy through a memory map.
+
+    Parameters
+    ----------
+    path : str
+        An Arrow IPC file written by :func:`spill`.
+
+    Attributes
+    ----------
+    path : str
+        The file.
+    num_rows : int
+        Number of rows in the file.
+    dim : int or None
+        Vector length; None when the file has no rows and the length was never known.
+    num_blocks : int
+        Number of record batches (blocks) in the file.
+
+    Examples
+    --------
+    >>> with SpilledRows("/tmp/scratch/train.arrow") as rows:  # doctest: +SKIP
+    ...     x, y = next(rows.batches(seed=1, epoch=0, num_steps=10))
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._source = pa.memory_map(path, "r")
+        self._reader: pa.ipc.RecordBatchFileReader | None = pa.ipc.open_file(self._source)
+        kind = self._reader.schema.field(FEATURES).type
+        if not pa.types.is_fixed_size_list(kind):
+            raise SchemaError(f"{path} is not a file written by spill(): column '{FEATURES}' "
+                              f"has type {kind}")
+        self.dim: int | None = kind.list_size or None
+        self.num_blocks: int = self._reader.num_record_batches
+        blocks = (self._reader.get_batch(i).num_rows for i in range(self.num_blocks))
+        self._block_sizes = np.fromiter(blocks, dtype=np.int64, count=self.num_blocks)
+        self.num_rows = int(self._block_sizes.sum())
+
+    def __repr__(self) -> str:
+        return (f"SpilledRows({self.path!r}, num_rows={self.num_rows}, dim={self.dim}, "
+                f"num_blocks={self.num_blocks})")
+
+    def __enter__(self) -> SpilledRows:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Release the memory map (batches already yielded stay valid: they are copies)."""
+        self._reader = None
+        self._source.close()
+
+    def batches(
+        self,
+        seed: int,
+        epoch: int,
+        num_steps: int,
+        shuffle: bool = True,
+        *,
+        dim: int | None = None,
+        shuffle_blocks: int = DEFAULT_SHUFFLE_BLOCKS,
+        device: torch.device | str | None = None,
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Yield exactly ``num_steps`` batches that hold every row once.
+
+        Step ``s`` holds ``step_sizes(num_rows, num_steps)[s]`` rows, possibly 0.
+
+        Parameters
+        ----------
+        seed, epoch : int
+            The shuffle order depends on these two only: same pair, same batches.
+        num_steps : int
+            Number of batches to yield (1 or more).
+        shuffle : bool, default True
+            Permute the blocks, then mix rows in a sliding buffer of ``shuffle_blocks`` blocks.
+            False keeps the file order (for validation).
+        dim : int, optional
+            Vector length, needed when the file is empty and never learnt it; when the file
+            knows its length, a different ``dim`` raises :class:`SchemaError`.
+        shuffle_blocks : int, default 8
+            Blocks in the shuffle buffer: memory is about ``shuffle_blocks * block_rows`` rows.
+        device : torch.device or str, optional
+            Move the tensors there; by default they stay on the CPU.
+
+        Yields
+        ------
+        tuple of torch.Tensor
+            Features float32 ``[b, dim]`` and labels float32 ``[b]``, fresh memory (not views
+            of the file).
+        """
+        width = self._resolve_dim(dim)
+        sizes = step_sizes(self.num_rows, num_steps)
+        if shuffle_blocks < 1:
+            raise ValueError(f"shuffle_blocks={shuffle_blocks} must be at least 1")
+        if self._reader is None:
+            raise ValueError(f"{self.path} is closed")
+        if self.num_rows == 0:
+            chunks: Iterator[Chunk] = iter(())
+        elif shuffle:
+            chunks = self._shuffled_chunks(np.random.default_rng([seed, epoch]), shuffle_blocks)
+        else:
+            chunks = (self._read_block(i) for i in range(self.num_blocks))
+        return _batches(_Rechunker(chunks, width), sizes, device)
+
+    def _resolve_dim(self, dim: int | None) -> int:
+        if self.dim is None:
+            if dim is None:
+                raise ValueError(f"{self.path} has no rows and does not know the vector "
+                                 "length: pass dim= (the feature count of the other ranks)")
+            return dim
+        if dim is not None and dim != self.dim:
+            raise SchemaError(f"column '{FEATURES}' has vectors of length {self.dim} in "
+                              f"{self.path} but dim={dim} was expected; every partition needs "
+                              "the same vector length")
+        return self.dim
+
+    def _read_block(self, index: int) -> Chunk:
+        """One block as read-only numpy views of the memory map (no copy)."""
+        if self._reader is None:
+            raise ValueError(f"{self.path} was closed while its batches were being read")
+        block = self._reader.get_batch(index)
+        features = block.column(0).flatten().to_numpy(zero_copy_only=True)
+        labels = block.column(1).to_numpy(zero_copy_only=True)
+        return features.reshape(len(labels), -1), labels
+
+    def _shuffled_chunks(self, rng: np.random.Generator, shuffle_blocks: int) -> Iterator[Chunk]:
+        """Blocks in random order through a sliding shuffle buffer of ``shuffle_blocks`` blocks.
+
+        Each incoming block of r rows pushes out r rows drawn at random from the buffer and
+        takes their slots, so a row can leave long after (or before) its block neighbours.
+        """
+        order = rng.permutation(self.num_blocks)
+        block_rows = int(self._block_sizes.max())
+        first = [self._read_block(i) for i in order[:shuffle_blocks]]
+        features = np.concatenate([block[0] for block in first])
+        labels = np.concatenate([block[1] for block in first])
+        for index in order[shuffle_blocks:]:
+            new_features, new_labels = self._read_block(index)
+            if len(new_labels) > len(labels):  # a short last block filled a one-block buffer
+                yield from _drain(features, labels, rng, block_rows)
+                features, labels = new_features.copy(), new_labels.copy()
+                continue
+            slots = rng.choice(len(labels), size=len(new_labels), replace=False)
+            yield features[slots], labels[slots]
+            features[slots], labels[slots] = new_features, new_labels
+        yield from _drain(features, labels, rng, block_rows)
+
+
+def _drain(features: np.ndarray, labels: np.ndarray, rng: np.random.Generator,
+           block_rows: int) -> Iterator[Chunk]:
+    """Empty the buffer in random order, a block at a time (one whole copy would double it)."""
+    out = rng.permutation(len(labels))
+    for start in range(0, len(out), block_rows):
+        rows = out[start:start + block_rows]
+        yield features[rows], labels[rows]
+
+
+def _batches(rechunker: _Rechunker, sizes: np.ndarray,
+             device: torch.device | str | None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Cut the row stream into tensors of the given sizes."""
+    for size in sizes:
+        features, labels = rechunker.take(int(size))
+        x, y = torch.from_numpy(features), torch.from_numpy(labels)
+        yield (x, y) if device is None else (x.to(device), y.to(device))
+
+
+class _Rechunker:
+    """Cuts a stream of row chunks into arrays of requested sizes (always fresh copies)."""
+
+    def __init__(self, chunks: Iterator[Chunk], dim: int) -> None:
+        self._chunks = chunks
+        self._dim = dim
+        self._head: Chunk = (np.empty((0, dim), np.float32), np.empty(0, np.float32))
+        self._offset = 0
+
+    def take(self, size: int) -> Chunk:
+        """The next ``size`` rows; copies, so they never point into the memory map."""
+        features: list[np.ndarray] = [np.empty((0, self._dim), np.float32)]
+        labels: list[np.ndarray] = [np.empty(0, np.float32)]
+        while size > 0:
+            if self._offset == len(self._head[1]):
+                self._advance()
+            end = min(self._offset + size, len(self._head[1]))
+            features.append(self._head[0][self._offset:end])
+            labels.append(self._head[1][self._offset:end])
+            size -= end - self._offset
+            self._offset = end
+        return np.concatenate(features), np.concatenate(labels)
+
+    def _advance(self) -> None:
+        head = next(self._chunks, None)
+        if head is None:  # step sizes sum to num_rows, so only a corrupt file ends early
+            raise RuntimeError("the spilled file ended before the last step")
+        self._head, self._offset = head, 0

@@ -1,0 +1,259 @@
+"""The data-parallel training loop that runs in each barrier task, written once for every
+backend; plus the model, loss and optimizer specs it shares with the driver.
+
+Every rank runs the same number of steps per epoch whatever its partition holds: each epoch
+has ``ceil(rows / batchSize)`` steps and a rank takes its rows in proportional slices
+(:func:`sparkdist.train.feed.step_sizes`), so a small or empty partition gives small or empty
+batches, never a missing collective. Each rank scales its summed loss by
+``world_size / rows in this global step`` (every rank knows every rank's slice sizes from the
+row counts summed once at the start), so the averaged gradient is exactly the mean over the
+global batch: the same maths on 1 or N workers.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import io
+import json
+import math
+from typing import TYPE_CHECKING, Any
+
+from sparkdist.exceptions import ParamError, TrainingError
+
+if TYPE_CHECKING:
+    import torch
+
+    from sparkdist.launch.barrier import WorkerContext
+    from sparkdist.train.feed import SpilledRows
+
+LOSSES = {"bce": "classification", "cross_entropy": "classification", "mse": "regression"}
+OPTIMIZERS = {"adam": "Adam", "adamw": "AdamW", "sgd": "SGD", "rmsprop": "RMSprop"}
+
+
+# ------------------------------------------------------------------------- specs (both sides)
+def resolve(spec: Any, param: str) -> Any:
+    """A class or function given itself or as an importable qualified name."""
+    if not isinstance(spec, str):
+        return spec
+    module_name, _, attribute = spec.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError, ValueError) as err:
+        raise ParamError(f"{param}={spec!r} cannot be imported ({err}); give a qualified name "
+                         f"'package.module.Name' importable on the driver and the executors "
+                         f"(ship it with --py-files or pip install).") from err
+
+
+def qualified_name(obj: Any) -> str:
+    return f"{obj.__module__}.{obj.__qualname__}"
+
+
+def build_module(module_class: Any, kwargs: dict[str, Any], input_dim: int,
+                 output_dim: int) -> torch.nn.Module:
+    """Instantiate the network; ``input_dim``/``output_dim`` are filled in from the data when
+    the constructor takes them and ``kwargs`` leaves them out."""
+    accepted = inspect.signature(module_class).parameters
+    filled = {name: value for name, value in (("input_dim", input_dim),
+                                              ("output_dim", output_dim))
+              if name in accepted and name not in kwargs}
+    return module_class(**filled, **kwargs)
+
+
+def output_width(loss: str, num_classes: int) -> int:
+    """Outputs per row the network must produce for ``loss``."""
+    return num_classes if loss == "cross_entropy" else 1
+
+
+def task_of_loss(loss: str) -> str:
+    return LOSSES.get(loss, "regression")
+
+
+def loss_sum(loss: str, output: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
+    """The summed loss over the rows of a batch (the loop does the averaging)."""
+    import torch.nn.functional as F
+
+    if loss == "cross_entropy":
+        return F.cross_entropy(output, label.long(), reduction="sum")
+    flat = output.reshape(output.shape[0], -1).squeeze(-1)
+    if loss == "bce":
+        return F.binary_cross_entropy_with_logits(flat, label, reduction="sum")
+    if loss == "mse":
+        return F.mse_loss(flat, label, reduction="sum")
+    return resolve(loss, "loss")(output, label).sum()  # a callable giving per-row losses
+
+
+def correct_count(loss: str, output: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
+    if loss == "cross_entropy":
+        return (output.argmax(dim=1) == label.long()).sum()
+    return ((output.reshape(-1) > 0).float() == label).sum()
+
+
+def make_optimizer(name: str, parameters: Any, learning_rate: float,
+                   weight_decay: float) -> Any:
+    import torch
+
+    return getattr(torch.optim, OPTIMIZERS[name])(parameters, lr=learning_rate,
+                                                  weight_decay=weight_decay)
+
+
+def pack_result(state_dict: dict[str, Any], header: dict[str, Any]) -> bytes:
+    """JSON header + ``torch.save``d tensors: loadable with ``weights_only=True``."""
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save({name: tensor.detach().cpu() for name, tensor in state_dict.items()}, buffer)
+    head = json.dumps(header).encode()
+    return len(head).to_bytes(8, "big") + head + buffer.getvalue()
+
+
+def unpack_result(payload: bytes) -> tuple[dict[str, Any], dict[str, Any]]:
+    import torch
+
+    size = int.from_bytes(payload[:8], "big")
+    header = json.loads(payload[8:8 + size])
+    state = torch.load(io.BytesIO(payload[8 + size:]), weights_only=True)
+    return state, header
+
+
+# ----------------------------------------------------------------------------- executor side
+def fit_worker(context: WorkerContext, batches: Any, args: dict[str, Any]) -> bytes | None:
+    """Barrier-task entry point: spill the partition, join the group, train, return weights."""
+    import torch
+
+    from sparkdist.train.backends import make_backend
+    from sparkdist.train.feed import spill
+
+    torch.set_num_threads(max(1, context.cpus))
+    train, validation = spill(batches, context.scratch)
+    context.log(f"spilled {train.num_rows} training and {validation.num_rows} "
+                f"validation rows")
+    device = select_device(context, args["use_gpu"])
+    backend = make_backend(args["backend"])
+    backend.init(context, context.rendezvous(), device)
+    try:
+        return _Trainer(context, backend, device, args).run(train, validation)
+    finally:
+        backend.shutdown()
+        train.close()
+        validation.close()
+
+
+def select_device(context: WorkerContext, use_gpu: Any) -> torch.device:
+    """The GPU Spark assigned to this task when asked for and present; else the CPU."""
+    import torch
+
+    if use_gpu and context.gpus and torch.cuda.is_available():
+        index = int(context.gpus[0])
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
+    if use_gpu is True:
+        raise TrainingError(f"useGpu=True but rank {context.rank} has no usable GPU "
+                            f"(Spark assigned {list(context.gpus)}, CUDA available: "
+                            f"{torch.cuda.is_available()}).")
+    return torch.device("cpu")
+
+
+class _Trainer:
+    """One rank's training run: counts, model, epochs, validation, early stopping."""
+
+    def __init__(self, context: WorkerContext, backend: Any, device: torch.device,
+                 args: dict[str, Any]) -> None:
+        self.context, self.backend, self.device, self.args = context, backend, device, args
+        self.loss = args["loss"]
+
+    def run(self, train: SpilledRows, validation: SpilledRows) -> bytes | None:
+        import torch
+
+        from sparkdist.train.feed import step_sizes
+
+        args, world = self.args, self.context.world_size
+        counts = self._all_counts(train.num_rows, validation.num_rows)
+        self.steps = max(1, math.ceil(int(counts[:, 0].sum()) / args["batch_size"]))
+        self.global_sizes = sum(step_sizes(int(n), self.steps) for n in counts[:, 0])
+        self.rows = (int(counts[:, 0].sum()), int(counts[:, 1].sum()))
+        torch.manual_seed(args["seed"])  # identical initial weights on every rank
+        module = build_module(resolve(args["module"], "model"), args["module_kwargs"],
+                              args["input_dim"], args["output_dim"]).to(self.device)
+        model = self.backend.wrap_model(module, self.device)
+        optimizer = self.backend.wrap_optimizer(
+            make_optimizer(args["optimizer"], module.parameters(), args["learning_rate"],
+                           args["weight_decay"]), module)
+        torch.manual_seed(args["seed"] * 7919 + self.context.rank)  # dropout streams per rank
+        history, best = self._epochs(module, model, optimizer, train, validation, world)
+        if self.context.rank != 0:
+            return None
+        state = best["state"] if best else module.state_dict()
+        return pack_result(state, {"history": history, "best_epoch": best and best["epoch"],
+                                   "rows": self.rows[0], "validation_rows": self.rows[1],
+                                   "steps_per_epoch": self.steps, "world_size": world})
+
+    def _epochs(self, module: Any, model: Any, optimizer: Any, train: SpilledRows,
+                validation: SpilledRows, world: int) -> tuple[list[dict], dict | None]:
+        args, history, best = self.args, [], None
+        for epoch in range(args["epochs"]):
+            record = {"epoch": epoch + 1, "epochs": args["epochs"],
+                      "loss": self._train_epoch(model, optimizer, train, epoch, world)}
+            if self.rows[1]:
+                record.update(self._validate(module, validation))
+            history.append(record)
+            self.context.report(record)
+            self.context.log(json.dumps(record))
+            if self.rows[1] and (best is None or record["val_loss"] < best["loss"]):
+                best = {"epoch": epoch + 1, "loss": record["val_loss"],
+                        "state": {k: v.detach().clone() for k, v in module.state_dict().items()}}
+            patience = args["patience"]
+            if best and patience and epoch + 1 - best["epoch"] >= patience:
+                self.context.log(f"early stop after epoch {epoch + 1}: no better val_loss "
+                                 f"for {patience} epochs (best epoch {best['epoch']})")
+                break
+        return history, best
+
+    def _train_epoch(self, model: Any, optimizer: Any, train: SpilledRows, epoch: int,
+                     world: int) -> float:
+        import torch
+
+        model.train()
+        total = torch.zeros(1, dtype=torch.float64)
+        feed = train.batches(self.args["seed"], epoch, self.steps, dim=self.args["input_dim"])
+        for step, (features, label) in enumerate(feed):
+            if self.global_sizes[step] == 0:
+                continue  # every rank skips the same step: no one waits
+            output = model(features.to(self.device))
+            loss = loss_sum(self.loss, output, label.to(self.device))
+            optimizer.zero_grad()
+            (loss * (world / float(self.global_sizes[step]))).backward()
+            optimizer.step()
+            total += loss.detach().double().cpu()
+        return float(self.backend.all_reduce_sum(total)[0]) / max(1, self.rows[0])
+
+    def _validate(self, module: Any, validation: SpilledRows) -> dict[str, float]:
+        """Validation on the unwrapped module (DDP's forward would sync buffers per call, and
+        ranks hold different numbers of validation rows)."""
+        import torch
+
+        module.eval()
+        sums = torch.zeros(2, dtype=torch.float64)
+        steps = max(1, math.ceil(validation.num_rows / self.args["batch_size"]))
+        with torch.no_grad():
+            for features, label in validation.batches(0, 0, steps, shuffle=False,
+                                                      dim=self.args["input_dim"]):
+                output = module(features.to(self.device))
+                label = label.to(self.device)
+                sums[0] += float(loss_sum(self.loss, output, label))
+                if task_of_loss(self.loss) == "classification":
+                    sums[1] += float(correct_count(self.loss, output, label))
+        sums = self.backend.all_reduce_sum(sums)
+        metrics = {"val_loss": float(sums[0]) / self.rows[1]}
+        if task_of_loss(self.loss) == "classification":
+            metrics["val_accuracy"] = float(sums[1]) / self.rows[1]
+        return metrics
+
+    def _all_counts(self, train_rows: int, validation_rows: int) -> Any:
+        """Every rank's (training, validation) row counts, by one all-reduce."""
+        import torch
+
+        counts = torch.zeros((self.context.world_size, 2), dtype=torch.float64)
+        counts[self.context.rank] = torch.tensor([train_rows, validation_rows],
+                                                 dtype=torch.float64)
+        return self.backend.all_reduce_sum(counts).long().numpy()

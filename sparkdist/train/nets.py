@@ -1,0 +1,37 @@
+"""Ready-made networks for :class:`sparkdist.models.TorchEstimator`.
+
+Any ``nn.Module`` works; a module whose constructor takes ``input_dim`` and ``output_dim`` gets
+them filled in from the data when ``modelKwargs`` leaves them out, as this MLP does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+
+class MLP(nn.Module):
+    """A multi-layer perceptron: Linear -> ReLU (-> Dropout) per hidden layer, then Linear.
+
+    Examples
+    --------
+    >>> TorchEstimator(model="sparkdist.train.nets.MLP", modelKwargs={"hidden": [64, 32]})
+    """
+
+    def __init__(self, input_dim: int, output_dim: int, hidden: Sequence[int] = (64,),
+                 dropout: float = 0.0) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        width = input_dim
+        for size in hidden:
+            layers += [nn.Linear(width, size), nn.ReLU()]
+            if dropout:
+                layers.append(nn.Dropout(dropout))
+            width = size
+        layers.append(nn.Linear(width, output_dim))
+        self.layers = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)
