@@ -24,7 +24,7 @@ from sparkdist.columns import suggest
 from sparkdist.exceptions import ParamError
 
 ESTIMATORS = ("LogisticRegression", "RandomForestClassifier", "RandomForestRegressor", "ALS",
-              "XGBoostClassifier", "XGBoostRegressor")
+              "XGBoostClassifier", "XGBoostRegressor", "TorchEstimator")
 
 
 class ConfigError(ParamError):

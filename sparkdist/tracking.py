@@ -88,7 +88,26 @@ def log_model_run(name: str, params: Mapping[str, Any], metrics: Mapping[str, fl
         # Explicit requirements: inferring them re-loads the model in a subprocess (slow).
         mlflow.spark.log_model(model, "model",
                                pip_requirements=[f"pyspark=={pyspark.__version__}", "sparkdist"])
+        _log_torch_module(mlflow, model)
         return str(run.info.run_id)
+
+
+def _log_torch_module(mlflow: Any, model: Any) -> None:
+    """A TorchModel's network also goes in as ``torch_model`` with the pytorch flavour
+    (torch.export's pt2 format: no pickle; a 4-row example keeps the batch size dynamic)."""
+    from sparkdist.evaluation import final_stage
+
+    final = final_stage(model)
+    if type(final).__name__ != "TorchModel":
+        return
+    import mlflow.pytorch
+    import numpy as np
+    import torch
+
+    example = np.zeros((4, final.inputDim), dtype=np.float32)
+    mlflow.pytorch.log_model(final.module(), name="torch_model", input_example=example,
+                             serialization_format="pt2",
+                             pip_requirements=[f"torch=={torch.__version__}"])
 
 
 def load_model(run_id: str, uri: str | None = None) -> Any:

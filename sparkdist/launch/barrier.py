@@ -30,6 +30,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -188,8 +189,10 @@ def _barrier_task(worker: Worker, args: dict[str, Any], settings: BarrierSetting
     try:
         result = worker(context, batches, args)
     except Exception as err:
+        where = traceback.extract_tb(err.__traceback__)[-1]
         raise TrainingError(f"rank {context.rank} of {context.world_size} failed: "
-                            f"{type(err).__name__}: {err}\n--- output tail of rank "
+                            f"{type(err).__name__}: {err} (at {where.filename}:{where.lineno})"
+                            f"\n--- output tail of rank "
                             f"{context.rank} ---\n{context.tail()}") from err
     finally:
         context.close()

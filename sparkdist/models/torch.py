@@ -327,7 +327,7 @@ class TorchEstimator(Estimator, _TorchParams, HasSeed, ParamsPersistence):
                 "module_kwargs": dict(get("modelKwargs") or {}), "loss": loss,
                 "optimizer": get("optimizer"), "learning_rate": get("learningRate"),
                 "weight_decay": get("weightDecay"), "batch_size": get("batchSize"),
-                "epochs": get("epochs"), "seed": get("seed"), "backend": get("backend"),
+                "epochs": get("epochs"), "seed": get("seed") % 2**31, "backend": get("backend"),
                 "use_gpu": get("useGpu"), "patience": get("earlyStoppingPatience"),
                 "num_workers": get("numWorkers"), "input_dim": int(stats["max_dim"]),
                 "num_classes": classes, "output_dim": loop.output_width(loss, classes),
@@ -399,6 +399,11 @@ class TorchModel(Model, _TorchParams, PersistentModel):
         return loop.task_of_loss(self.getOrDefault("loss"))
 
     @property
+    def inputDim(self) -> int:
+        """Features per row the network takes."""
+        return int(self._info["input_dim"])
+
+    @property
     def numClasses(self) -> int:
         return int(self._info.get("num_classes", 0))
 
@@ -442,6 +447,7 @@ class TorchModel(Model, _TorchParams, PersistentModel):
         from sparkdist import store
 
         filesystem, root = store.resolve(path)
+        filesystem.create_dir(root, recursive=True)
         with filesystem.open_output_stream(f"{root}/{WEIGHTS_FILE}") as out:
             out.write(_weights_bytes(self._weights))
 

@@ -17,6 +17,7 @@ import inspect
 import io
 import json
 import math
+import time
 from typing import TYPE_CHECKING, Any
 
 from sparkdist.exceptions import ParamError, TrainingError
@@ -192,8 +193,10 @@ class _Trainer:
                 validation: SpilledRows, world: int) -> tuple[list[dict], dict | None]:
         args, history, best = self.args, [], None
         for epoch in range(args["epochs"]):
+            started = time.perf_counter()
             record = {"epoch": epoch + 1, "epochs": args["epochs"],
-                      "loss": self._train_epoch(model, optimizer, train, epoch, world)}
+                      "loss": self._train_epoch(model, optimizer, train, epoch, world),
+                      "seconds": time.perf_counter() - started}
             if self.rows[1]:
                 record.update(self._validate(module, validation))
             history.append(record)
