@@ -76,7 +76,7 @@ def loss_sum(loss: str, output: torch.Tensor, label: torch.Tensor) -> torch.Tens
 
     if loss == "cross_entropy":
         return F.cross_entropy(output, label.long(), reduction="sum")
-    flat = output.reshape(output.shape[0], -1).squeeze(-1)
+    flat = (output.flatten(1) if output.dim() > 1 else output.unsqueeze(1)).squeeze(1)
     if loss == "bce":
         return F.binary_cross_entropy_with_logits(flat, label, reduction="sum")
     if loss == "mse":

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import sys
 
-import cloudpickle
 import numpy as np
 import pandas as pd
 import pytest
 import torch
+
+from pyspark import cloudpickle
 from pyspark.ml import Pipeline
 from pyspark.ml.linalg import Vectors
 from pyspark.sql import functions as F
@@ -19,7 +20,7 @@ from sparkdist.exceptions import ClusterConfigError, ParamError, SchemaError, Tr
 from sparkdist.models import TorchEstimator, TorchModel
 
 # Classes defined here travel to the executors by value (the test module is not importable
-# there).
+# there); pyspark pickles tasks with its own copy of cloudpickle.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 FAST = {"progress": False, "batchSize": 128, "learningRate": 0.01,
