@@ -40,6 +40,7 @@ test: setup
 bench: setup
 	$(PY) bench/split_assembly.py
 	$(PY) bench/classical.py
+	$(PY) bench/deep.py
 
 lint: setup
 	$(PY) -m ruff check sparkdist tests jobs bench

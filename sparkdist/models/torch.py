@@ -31,7 +31,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pandas as pd
-
 from pyspark import keyword_only
 from pyspark.ml import Estimator, Model
 from pyspark.ml.linalg import VectorUDT
@@ -393,6 +392,14 @@ class TorchModel(Model, _TorchParams, PersistentModel):
     @property
     def history(self) -> list[dict[str, Any]]:
         return list(self._info.get("history", []))
+
+    @property
+    def trainingSummary(self) -> dict[str, Any]:
+        """How the fit ran: rows, validation_rows, steps_per_epoch, world_size, best_epoch,
+        spill_seconds (rank 0 reading its partition from Spark into the local feed file)."""
+        keys = ("rows", "validation_rows", "steps_per_epoch", "world_size", "best_epoch",
+                "spill_seconds")
+        return {key: self._info.get(key) for key in keys}
 
     @property
     def task(self) -> str:

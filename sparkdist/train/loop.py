@@ -126,9 +126,11 @@ def fit_worker(context: WorkerContext, batches: Any, args: dict[str, Any]) -> by
     from sparkdist.train.feed import spill
 
     torch.set_num_threads(max(1, context.cpus))
+    started = time.perf_counter()
     train, validation = spill(batches, context.scratch)
+    args = {**args, "spill_seconds": time.perf_counter() - started}
     context.log(f"spilled {train.num_rows} training and {validation.num_rows} "
-                f"validation rows")
+                f"validation rows in {args['spill_seconds']:.2f} s")
     device = select_device(context, args["use_gpu"])
     backend = make_backend(args["backend"])
     backend.init(context, context.rendezvous(), device)
@@ -187,7 +189,8 @@ class _Trainer:
         state = best["state"] if best else module.state_dict()
         return pack_result(state, {"history": history, "best_epoch": best and best["epoch"],
                                    "rows": self.rows[0], "validation_rows": self.rows[1],
-                                   "steps_per_epoch": self.steps, "world_size": world})
+                                   "steps_per_epoch": self.steps, "world_size": world,
+                                   "spill_seconds": args["spill_seconds"]})
 
     def _epochs(self, module: Any, model: Any, optimizer: Any, train: SpilledRows,
                 validation: SpilledRows, world: int) -> tuple[list[dict], dict | None]:

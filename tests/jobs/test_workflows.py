@@ -130,6 +130,37 @@ def test_ratings_als_config(tmp_path, capsys, spark):
 
 
 @pytest.mark.slow
+def test_churn_torch_config_logs_both_flavours(tmp_path, capsys, spark):
+    import mlflow
+    import mlflow.pytorch
+    import numpy as np
+    import torch
+
+    from sparkdist import tracking
+
+    config = _config(tmp_path, "churn_torch.yaml")
+    assert cli(["train", str(config)]) == 0
+    report = _last_json(capsys.readouterr().out)
+    assert report["metrics"]["TorchEstimator"]["auc"] > 0.75
+    uri = f"sqlite:///{tmp_path}/mlruns.db"
+    mlflow.set_tracking_uri(uri)
+    runs = mlflow.search_runs(experiment_names=["sparkdist-churn-torch"], output_format="list")
+    run = next(r for r in runs if r.info.run_name == "TorchEstimator")
+    assert run.data.params["epochs"] == "8" and run.data.params["numWorkers"] == "2"
+    pipeline = tracking.load_model(run.info.run_id, uri=uri)  # the Spark flavour
+    data = spark.read.parquet(str(ROOT / "data" / "churn_sample.parquet")).limit(50)
+    spark_probabilities = [row.probability[1] for row in pipeline.transform(data).collect()]
+    network = mlflow.pytorch.load_model(f"runs:/{run.info.run_id}/torch_model")
+    torch_model = pipeline.stages[-1]
+    features = np.zeros((3, torch_model.inputDim), dtype=np.float32)
+    with torch.no_grad():
+        logged = network(torch.from_numpy(features))
+        fitted = torch_model.module()(torch.from_numpy(features))
+    assert torch.allclose(logged, fitted)
+    assert all(0 < p < 1 for p in spark_probabilities)
+
+
+@pytest.mark.slow
 def test_spark_submit_runs_the_job(tmp_path):
     config = _config(tmp_path, "churn.yaml", models=[{"type": "LogisticRegression",
                                                        "params": {"maxIter": 10}}])

@@ -9,12 +9,12 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-
 from pyspark import cloudpickle
 from pyspark.ml import Pipeline
 from pyspark.ml.linalg import Vectors
 from pyspark.sql import functions as F
 
+from sparkdist.datasets import make_nonlinear
 from sparkdist.evaluation import evaluate
 from sparkdist.exceptions import ClusterConfigError, ParamError, SchemaError, TrainingError
 from sparkdist.models import TorchEstimator, TorchModel
@@ -27,18 +27,10 @@ FAST = {"progress": False, "batchSize": 128, "learningRate": 0.01,
         "modelKwargs": {"hidden": [32, 16]}}
 
 
-def _problem(n: int, seed: int) -> pd.DataFrame:
-    """A non-linear binary problem in 8 features (a linear model tops out near 0.75)."""
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(n, 8)).astype("float32")
-    y = (x[:, 0] * x[:, 1] + np.sin(2 * x[:, 2]) + 0.3 * x[:, 3] > 0).astype("float32")
-    return pd.DataFrame({"features": list(x), "label": y})
-
-
 @pytest.fixture(scope="module")
 def data(spark):
-    train = spark.createDataFrame(_problem(4000, 1)).repartition(2).cache()
-    test = spark.createDataFrame(_problem(1000, 2)).repartition(2).cache()
+    train = spark.createDataFrame(make_nonlinear(4000, 1)).repartition(2).cache()
+    test = spark.createDataFrame(make_nonlinear(1000, 2)).repartition(2).cache()
     yield train, test
     train.unpersist()
     test.unpersist()
