@@ -5,13 +5,14 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+HVD_STAMP := $(VENV)/.horovod
 
 export SPARK_LOCAL_IP     ?= 127.0.0.1
 export GLOO_SOCKET_IFNAME ?= lo
 export PYSPARK_PYTHON     := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: setup demo test bench lint data check-java clean
+.PHONY: setup horovod demo test bench lint data check-java clean
 
 setup: $(STAMP)
 
@@ -19,6 +20,14 @@ $(STAMP): pyproject.toml constraints.txt | check-java
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "sparkdist needs Python 3.10 or newer; set PYTHON=python3.11 (or another) on the make command line.")'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[all,dev]'
+	touch $@
+
+# Horovod 0.28.1 built from source against the venv's torch (C++17 patch, gloo only); the
+# wheel is cached in ~/.cache/sparkdist/wheels, so only the first build takes minutes (about 6 on 2 cores).
+horovod: $(HVD_STAMP)
+
+$(HVD_STAMP): $(STAMP) .ci/build_horovod.sh
+	bash .ci/build_horovod.sh $(PY)
 	touch $@
 
 check-java:
@@ -34,7 +43,7 @@ check-java:
 demo: setup
 	$(PY) jobs/train.py
 
-test: setup
+test: setup $(HVD_STAMP)
 	$(PY) -m pytest -q --durations=15
 
 bench: setup

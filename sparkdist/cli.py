@@ -1,7 +1,9 @@
-"""The ``sparkdist`` command: ``train CONFIG``, ``evaluate MODEL DATA``, ``predict MODEL DATA OUT``.
+"""The ``sparkdist`` command: ``train CONFIG``, ``evaluate MODEL DATA``, ``predict MODEL DATA OUT``,
+``doctor`` (is this cluster ready for distributed training?).
 
 Errors sparkdist raises on purpose (bad config, bad column, existing path) print one line and
-exit with status 2; anything else is a bug and keeps its traceback.
+exit with status 2; anything else is a bug and keeps its traceback. ``doctor`` exits 1 when it
+finds an error in the cluster's configuration.
 """
 
 from __future__ import annotations
@@ -31,13 +33,41 @@ def _parser() -> argparse.ArgumentParser:
         else:
             cmd.add_argument("output", help="output Parquet path")
             cmd.add_argument("--overwrite", action="store_true", help="replace the output")
+    _doctor_parser(sub)
     return parser
+
+
+def _doctor_parser(sub: argparse._SubParsersAction) -> None:
+    doctor = sub.add_parser(
+        "doctor", help="check the cluster for distributed training: task slots, dynamic "
+        "allocation, GPUs, security; exit 1 on an error")
+    doctor.add_argument("--num-workers", type=_positive_int, metavar="N",
+                        help="barrier tasks you plan to run (numWorkers); default: just report "
+                        "the task slots")
+    doctor.add_argument("--gpu", action="store_true", help="GPUs are required (useGpu=True)")
+    doctor.add_argument("--allow-unencrypted", action="store_true",
+                        help="accept unencrypted training traffic on a secured cluster")
+    doctor.add_argument("--master", help="Spark master (default: the active session, else "
+                        "$SPARKDIST_MASTER, else local[*])")
+    doctor.add_argument("--json", action="store_true", help="print the findings as JSON")
+
+
+def _positive_int(text: str) -> int:
+    # argparse turns this into "argument --num-workers: ..." and exit status 2.
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: use 1 or more (the number of barrier tasks)")
+    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        return {"train": _train, "evaluate": _evaluate, "predict": _predict}[args.command](args)
+        return {"train": _train, "evaluate": _evaluate, "predict": _predict,
+                "doctor": _doctor}[args.command](args)
     except SparkdistError as err:
         print(f"sparkdist {args.command}: {err}", file=sys.stderr)
         return 2
@@ -88,6 +118,23 @@ def _predict(args: argparse.Namespace) -> int:
     out.write.mode("overwrite" if args.overwrite else "errorifexists").parquet(args.output)
     print(args.output)
     return 0
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from sparkdist.launch.preflight import findings, report
+    from sparkdist.session import get_spark
+
+    spark = get_spark(master=args.master, app_name="sparkdist-doctor")
+    found = findings(spark, args.num_workers, use_gpu=True if args.gpu else "auto",
+                     allow_unencrypted=args.allow_unencrypted)
+    master = spark.conf.get("spark.master", None)
+    failed = any(f.severity == "error" for f in found)
+    if args.json:
+        print(json.dumps({"master": master, "ok": not failed,
+                          "findings": [f.as_dict() for f in found]}))
+    else:
+        print(report(found, master))
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

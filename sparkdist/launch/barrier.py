@@ -77,7 +77,6 @@ class WorkerContext:
         self.settings = settings
         self.rank: int = task.partitionId()
         self.world_size: int = len(task.getTaskInfos())
-        self.attempt: int = task.attemptNumber()
         self.cpus: int = task.cpus()
         self.gpus: tuple[str, ...] = _gpu_addresses(task)
         self._tail: collections.deque[str] = collections.deque(maxlen=40)
@@ -89,7 +88,8 @@ class WorkerContext:
         host = self._task.getTaskInfos()[self.rank].address.rsplit(":", 1)[0]
         ports = _free_ports(host, self.settings.num_ports) if self.rank == 0 else []
         message = json.dumps({"host": host, "ports": ports})
-        self.log(f"{SYNC_LOG_PREFIX}: rendezvous of {self.world_size} (attempt {self.attempt})")
+        self.log(f"{SYNC_LOG_PREFIX}: rendezvous of {self.world_size} (task attempt "
+                 f"{self._task.taskAttemptId()})")
         gathered = _with_timeout(lambda: self._task.allGather(message),
                                  self.settings.rendezvous_timeout_s,
                                  f"rank {self.rank}: not every one of the {self.world_size} "
@@ -122,6 +122,16 @@ class WorkerContext:
             self.settings = BarrierSettings(**{**self.settings.__dict__,
                                                "report_address": None})
 
+    def report_failure(self, message: str) -> None:
+        """Tell the driver why this rank failed (any rank; best effort)."""
+        address = self.settings.report_address
+        if address is None:
+            return
+        record = {"failure": message, "rank": self.rank}
+        with contextlib.suppress(OSError), \
+                socket.create_connection(address, timeout=5) as connection:
+            connection.sendall((json.dumps(record) + "\n").encode())
+
     def close(self) -> None:
         if self._report_socket is not None:
             with contextlib.suppress(OSError):
@@ -137,7 +147,8 @@ Worker = Callable[[WorkerContext, Iterator["pa.RecordBatch"], dict[str, Any]], "
 def run_barrier(df: DataFrame, worker: Worker, args: dict[str, Any], num_workers: int, *,
                 settings: BarrierSettings | None = None, timeout_s: float | None = None,
                 description: str = "sparkdist barrier stage",
-                on_report: Callable[[dict[str, Any]], None] | None = None) -> bytes:
+                on_report: Callable[[dict[str, Any]], None] | None = None,
+                max_retries: int | None = None) -> bytes:
     """Run ``worker`` in ``num_workers`` barrier tasks over ``df``; return rank 0's bytes.
 
     Parameters
@@ -150,26 +161,71 @@ def run_barrier(df: DataFrame, worker: Worker, args: dict[str, Any], num_workers
     timeout_s : cancel the whole job after this many seconds (None: no limit).
     description : the Spark job description shown in the UI.
     on_report : called in a driver thread with each progress record rank 0 sends.
+    max_retries : give up once this many retries of the stage have failed as well (None:
+        Spark's own limit, ``spark.stage.maxConsecutiveAttempts``).
 
     Raises
     ------
-    TrainingError : a task failed (after Spark's stage retries) or the job timed out.
+    TrainingError : a task failed (after the retries) or the job timed out; it carries the
+        last failure's message and output tail.
 
     Examples
     --------
     >>> payload = run_barrier(df, my_worker, {"epochs": 3}, num_workers=2)
     """
     settings = settings or BarrierSettings()
-    with _report_server(df, on_report) as address:
+    sc = df.sparkSession.sparkContext
+    group = f"sparkdist-{uuid.uuid4().hex[:12]}"
+    attempts = _Attempts(max_retries, lambda: sc.cancelJobGroup(group))
+    with _report_server(df, on_report, attempts) as address:
         task_settings = BarrierSettings(**{**settings.__dict__, "report_address": address})
         task = functools.partial(_barrier_task, worker, args, task_settings)
         stage = (_with_partitions(df, num_workers)
                  .mapInArrow(task, _RESULT_SCHEMA, barrier=True)
                  .repartition(1))  # a shuffle after the barrier stage: Spark retries it
-        rows = _collect(stage, description, timeout_s)
+        rows = _collect(stage, group, description, timeout_s, attempts)
     if not rows:
         raise TrainingError("the barrier stage finished but rank 0 returned no result.")
     return b"".join(row["payload"] for row in sorted(rows, key=lambda row: row["part"]))
+
+
+class _Attempts:
+    """Watches the stage attempts of the job group and cancels the job once ``max_retries``
+    retries have failed too; keeps the last failure a rank reported, for the error."""
+
+    def __init__(self, max_retries: int | None, cancel: Callable[[], None]) -> None:
+        self.max_retries, self.cancel = max_retries, cancel
+        self.last: str | None = None
+        self.gave_up = False
+
+    def record(self, record: dict[str, Any]) -> None:
+        self.last = str(record["failure"])
+
+    def watch(self, sc: Any, group: str, stop: threading.Event) -> None:
+        """Poll Spark's status tracker: attempt ``max_retries + 1`` of a stage means every
+        allowed attempt before it failed."""
+        while self.max_retries is not None and not stop.wait(0.5):
+            tracker = sc.statusTracker()
+            stages = [stage for job in tracker.getJobIdsForGroup(group)
+                      for stage in (tracker.getJobInfo(job) or _NO_JOB).stageIds]
+            infos = [tracker.getStageInfo(stage) for stage in stages]
+            if any(info and info.currentAttemptId > self.max_retries for info in infos):
+                self.gave_up = True
+                self.cancel()
+                return
+
+    def error(self, description: str) -> TrainingError:
+        return TrainingError(f"{description}: gave up after {self.max_retries + 1} failed "
+                             f"attempt(s) (maxRetries={self.max_retries}). The last "
+                             f"failure: {self.last}")
+
+
+@dataclass(frozen=True)
+class _NoJob:
+    stageIds: tuple[int, ...] = ()  # noqa: N815 (the name Spark's SparkJobInfo uses)
+
+
+_NO_JOB = _NoJob()
 
 
 def worker_message(err: BaseException, limit: int = 3000) -> str:
@@ -190,10 +246,11 @@ def _barrier_task(worker: Worker, args: dict[str, Any], settings: BarrierSetting
         result = worker(context, batches, args)
     except Exception as err:
         where = traceback.extract_tb(err.__traceback__)[-1]
-        raise TrainingError(f"rank {context.rank} of {context.world_size} failed: "
-                            f"{type(err).__name__}: {err} (at {where.filename}:{where.lineno})"
-                            f"\n--- output tail of rank "
-                            f"{context.rank} ---\n{context.tail()}") from err
+        message = (f"rank {context.rank} of {context.world_size} failed: "
+                   f"{type(err).__name__}: {err} (at {where.filename}:{where.lineno})\n"
+                   f"--- output tail of rank {context.rank} ---\n{context.tail()}")
+        context.report_failure(message)
+        raise TrainingError(message) from err
     finally:
         context.close()
     if context.rank == 0 and result is not None:
@@ -268,28 +325,33 @@ def _barrier_ready(df: DataFrame, num_workers: int) -> bool:
     return True
 
 
-def _collect(stage: DataFrame, description: str, timeout_s: float | None) -> list[Any]:
+def _collect(stage: DataFrame, group: str, description: str, timeout_s: float | None,
+             attempts: _Attempts) -> list[Any]:
     from py4j.protocol import Py4JJavaError
     from pyspark.errors import PySparkException
 
     sc = stage.sparkSession.sparkContext
-    group = f"sparkdist-{uuid.uuid4().hex[:12]}"
     sc.setJobGroup(group, description, interruptOnCancel=True)
     timer = threading.Timer(timeout_s, sc.cancelJobGroup, [group]) if timeout_s else None
+    stop = threading.Event()
+    watcher = threading.Thread(target=attempts.watch, args=(sc, group, stop), daemon=True)
     started = time.monotonic()
     try:
         if timer:
             timer.start()
+        watcher.start()
         return stage.collect()
     except (Py4JJavaError, PySparkException) as err:
-        elapsed = time.monotonic() - started
-        if timeout_s and elapsed >= timeout_s:
+        if attempts.gave_up:
+            raise attempts.error(description) from err
+        if timeout_s and time.monotonic() - started >= timeout_s:
             raise TrainingError(f"{description}: cancelled after the timeout of "
                                 f"{timeout_s:.0f} s (raise it or find the stuck worker in "
                                 f"the executor logs).") from err
         raise TrainingError(f"{description} failed on the executors: "
                             f"{worker_message(err)}") from err
     finally:
+        stop.set()
         if timer:
             timer.cancel()
         sc.setLocalProperty("spark.jobGroup.id", None)
@@ -297,17 +359,25 @@ def _collect(stage: DataFrame, description: str, timeout_s: float | None) -> lis
 
 
 @contextlib.contextmanager
-def _report_server(df: DataFrame, on_report: Callable[[dict[str, Any]], None] | None
-                   ) -> Iterator[tuple[str, int] | None]:
-    """Listen on the driver host for rank 0's progress lines while the stage runs."""
-    host = _driver_host(df) if on_report else None
-    if on_report is None or host is None:
+def _report_server(df: DataFrame, on_report: Callable[[dict[str, Any]], None] | None,
+                   attempts: _Attempts) -> Iterator[tuple[str, int] | None]:
+    """Listen on the driver host, while the stage runs, for rank 0's progress records and
+    any rank's failure report."""
+    host = _driver_host(df)
+    if host is None:
         yield None
         return
+
+    def dispatch(record: dict[str, Any]) -> None:
+        if "failure" in record:
+            attempts.record(record)
+        elif on_report is not None:
+            on_report(record)
+
     server = socket.create_server((host, 0))
     server.settimeout(0.5)
     stop = threading.Event()
-    thread = threading.Thread(target=_serve_reports, args=(server, stop, on_report),
+    thread = threading.Thread(target=_serve_reports, args=(server, stop, dispatch),
                               daemon=True)
     thread.start()
     try:
@@ -319,19 +389,24 @@ def _report_server(df: DataFrame, on_report: Callable[[dict[str, Any]], None] | 
 
 
 def _serve_reports(server: socket.socket, stop: threading.Event,
-                   on_report: Callable[[dict[str, Any]], None]) -> None:
+                   dispatch: Callable[[dict[str, Any]], None]) -> None:
+    """Accept connections; each is read to its end in its own thread (ranks report at once)."""
     while not stop.is_set():
         try:
             connection, _ = server.accept()
         except (TimeoutError, OSError):
             continue
-        with connection, connection.makefile("r") as lines:
-            connection.settimeout(None)
-            for line in lines:
-                try:
-                    on_report(json.loads(line))
-                except Exception as err:  # a bad record must not stop training
-                    _LOG.warning("ignoring a progress record: %s", err)
+        threading.Thread(target=_read_reports, args=(connection, dispatch), daemon=True).start()
+
+
+def _read_reports(connection: socket.socket, dispatch: Callable[[dict[str, Any]], None]) -> None:
+    connection.settimeout(None)
+    with connection, connection.makefile("r") as lines:
+        for line in lines:
+            try:
+                dispatch(json.loads(line))
+            except Exception as err:  # a bad record must not stop training
+                _LOG.warning("ignoring a progress record: %s", err)
 
 
 def _driver_host(df: DataFrame) -> str | None:

@@ -50,7 +50,8 @@ from pyspark.sql.types import ArrayType, BooleanType, NumericType, StructType
 from sparkdist.columns import require_columns, suggest
 from sparkdist.exceptions import ClusterConfigError, ModelLoadError, ParamError, SchemaError
 from sparkdist.launch.barrier import BarrierSettings, run_barrier
-from sparkdist.launch.preflight import check_num_workers
+from sparkdist.launch.preflight import preflight
+from sparkdist.models._recovery import HasRecovery
 from sparkdist.persist import ParamsPersistence, PersistentModel
 from sparkdist.train import loop
 
@@ -109,7 +110,7 @@ class _TorchParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasProbability
         return [self.getOrDefault("featuresCol")]
 
 
-class TorchEstimator(Estimator, _TorchParams, HasSeed, ParamsPersistence):
+class TorchEstimator(Estimator, _TorchParams, HasSeed, HasRecovery, ParamsPersistence):
     """Train a PyTorch network data-parallel on ``numWorkers`` Spark tasks.
 
     Parameters
@@ -127,6 +128,13 @@ class TorchEstimator(Estimator, _TorchParams, HasSeed, ParamsPersistence):
     earlyStoppingPatience : stop after this many epochs without a better validation loss
         (0: off) and keep the best epoch's weights.
     seed : the same seed and numWorkers give the same weights.
+    checkpointDir, checkpointEvery, keepCheckpoints : rank 0 saves the training state every
+        ``checkpointEvery`` epochs (and at the end) under ``checkpointDir/runId``, keeping
+        the newest ``keepCheckpoints``. When Spark retries the training stage after a failure
+        (lost executor, crashed worker), every rank resumes from the latest checkpoint.
+    runId : fitting again with the runId of an interrupted fit resumes it.
+    maxRetries : retries of the failed training stage before the fit fails with the last
+        failure's cause.
 
     Examples
     --------
@@ -177,6 +185,11 @@ class TorchEstimator(Estimator, _TorchParams, HasSeed, ParamsPersistence):
     progress: Param[bool] = Param(Params._dummy(), "progress",
                                   "show a progress bar on the driver",
                                   typeConverter=TypeConverters.toBoolean)
+    allowUnencrypted: Param[bool] = Param(
+        Params._dummy(), "allowUnencrypted",
+        "train on a cluster with Spark authentication/encryption on although the gradient "
+        "traffic between workers (gloo, NCCL, Horovod) is not encrypted",
+        typeConverter=TypeConverters.toBoolean)
 
     @keyword_only
     def __init__(self, *, model: Any = None, modelKwargs: dict | None = None,
@@ -190,13 +203,15 @@ class TorchEstimator(Estimator, _TorchParams, HasSeed, ParamsPersistence):
                  earlyStoppingPatience: int = 0, numClasses: int = 0,
                  nanPolicy: str = "error", seed: int | None = None,
                  timeoutSeconds: float = 86400.0, rendezvousTimeoutSeconds: float = 300.0,
-                 progress: bool = True) -> None:
+                 progress: bool = True, checkpointDir: str | None = None,
+                 checkpointEvery: int = 1, keepCheckpoints: int = 3, runId: str | None = None,
+                 maxRetries: int = 3, allowUnencrypted: bool = False) -> None:
         super().__init__()
         self._setDefault(optimizer="adam", learningRate=1e-3, weightDecay=0.0, epochs=10,
                          numWorkers=1, backend="torch", validationFraction=0.0,
                          earlyStoppingPatience=0, numClasses=0, nanPolicy="error",
                          timeoutSeconds=86400.0, rendezvousTimeoutSeconds=300.0,
-                         progress=True)
+                         progress=True, allowUnencrypted=False)
         self._module_class: Any = None
         self.setParams(**self._input_kwargs)
 
@@ -210,12 +225,13 @@ class TorchEstimator(Estimator, _TorchParams, HasSeed, ParamsPersistence):
 
     def _fit(self, dataset: DataFrame) -> TorchModel:
         self._check_params()
+        checkpoint_dir, run_id = self.checkpoint_location(dataset.sparkSession)
         prepared = self._prepare(dataset)
         stats = self._check_data(prepared)
-        spec = self._spec(stats)
+        spec = {**self._spec(stats), "checkpoint_dir": checkpoint_dir, "run_id": run_id}
         self._check_model(spec)
-        check_num_workers(dataset.sparkSession, spec["num_workers"], param="numWorkers")
-        _check_gpu_conf(dataset, self.getOrDefault("useGpu"))
+        preflight(dataset.sparkSession, spec["num_workers"], use_gpu=spec["use_gpu"],
+                  allow_unencrypted=self.getOrDefault("allowUnencrypted"))
         payload = self._run(prepared, spec)
         state, header = loop.unpack_result(payload)
         model = TorchModel._fitted(state, {**header, **_model_state(spec)})
@@ -330,7 +346,10 @@ class TorchEstimator(Estimator, _TorchParams, HasSeed, ParamsPersistence):
                 "use_gpu": get("useGpu"), "patience": get("earlyStoppingPatience"),
                 "num_workers": get("numWorkers"), "input_dim": int(stats["max_dim"]),
                 "num_classes": classes, "output_dim": loop.output_width(loss, classes),
-                "drop_bad_rows": get("nanPolicy") == "drop"}
+                "drop_bad_rows": get("nanPolicy") == "drop",
+                "checkpoint_every": get("checkpointEvery"),
+                "keep_checkpoints": get("keepCheckpoints"),
+                "fault": getattr(self, "_fault", None)}  # set by sparkdist.testing only
 
     def _check_model(self, spec: dict[str, Any]) -> None:
         """Build the network on the driver and run two rows of zeros through it."""
@@ -366,7 +385,8 @@ class TorchEstimator(Estimator, _TorchParams, HasSeed, ParamsPersistence):
         with _Progress(spec["epochs"], enabled=get("progress")) as progress:
             return run_barrier(prepared, loop.fit_worker, spec, spec["num_workers"],
                                settings=settings, timeout_s=get("timeoutSeconds"),
-                               description=description, on_report=progress.update)
+                               description=description, on_report=progress.update,
+                               max_retries=get("maxRetries"))
 
 
 class TorchModel(Model, _TorchParams, PersistentModel):
@@ -396,9 +416,10 @@ class TorchModel(Model, _TorchParams, PersistentModel):
     @property
     def trainingSummary(self) -> dict[str, Any]:
         """How the fit ran: rows, validation_rows, steps_per_epoch, world_size, best_epoch,
-        spill_seconds (rank 0 reading its partition from Spark into the local feed file)."""
+        spill_seconds (rank 0 reading its partition from Spark into the local feed file),
+        run_id and resumed_from_epoch (the checkpoint it continued from, or None)."""
         keys = ("rows", "validation_rows", "steps_per_epoch", "world_size", "best_epoch",
-                "spill_seconds")
+                "spill_seconds", "run_id", "resumed_from_epoch")
         return {key: self._info.get(key) for key in keys}
 
     @property
@@ -531,17 +552,6 @@ def _data_aggregates() -> list[Any]:
             F.count_if(good_label != F.floor(good_label)).alias("fractional")]
 
 
-def _check_gpu_conf(dataset: DataFrame, use_gpu: Any) -> None:
-    if use_gpu is not True:
-        return
-    conf = dataset.sparkSession.conf
-    if not conf.get("spark.task.resource.gpu.amount", None):
-        raise ClusterConfigError(
-            "useGpu=True but this Spark application schedules no GPUs: set "
-            "spark.task.resource.gpu.amount=1 and spark.executor.resource.gpu.amount (GPUs "
-            "per executor, with a discovery script), or use useGpu='auto'.")
-
-
 def _local_env(df: DataFrame) -> dict[str, str]:
     """In local modes the executors share this host: pass on the loopback choice for gloo."""
     import os
@@ -554,7 +564,7 @@ def _local_env(df: DataFrame) -> dict[str, str]:
 
 
 def _model_state(spec: dict[str, Any]) -> dict[str, Any]:
-    return {key: spec[key] for key in ("input_dim", "output_dim", "num_classes")}
+    return {key: spec[key] for key in ("input_dim", "output_dim", "num_classes", "run_id")}
 
 
 def _weights_bytes(weights: dict[str, Any]) -> bytes:

@@ -93,12 +93,18 @@ class TorchBackend:
 
 
 class HorovodBackend:
-    """horovod.torch over gloo, started inside sparkdist's own barrier stage."""
+    """horovod.torch over gloo, started inside sparkdist's own barrier stage.
+
+    Horovod ranks are Spark's partition ids: the rendezvous server is told the same slot plan
+    (rank, local and cross ranks per host) that each task puts into its ``HOROVOD_*``
+    environment, so rank 0 here is rank 0 of the barrier stage.
+    """
 
     name = "horovod"
 
     def __init__(self) -> None:
         self._server: Any = None
+        self._initialized = False
 
     def init(self, context: WorkerContext, rendezvous: Rendezvous,
              device: torch.device) -> None:
@@ -106,24 +112,34 @@ class HorovodBackend:
             raise ParamError(HOROVOD_INSTALL)
         import horovod.torch as hvd
 
+        plan = _slot_plan(rendezvous.hosts)
         port = rendezvous.ports[1]
         if context.rank == 0:
-            self._server = _start_horovod_rendezvous(rendezvous, port)
-        os.environ.update(_horovod_env(context, rendezvous, port))
-        hvd.init()
+            self._server = _RendezvousServer(rendezvous.master_addr, port, plan)
+        try:
+            os.environ.update(_horovod_env(plan[context.rank], rendezvous.master_addr, port,
+                                           context.settings.collective_timeout_s))
+            hvd.init()
+            self._initialized = True
+        except BaseException:
+            self.shutdown()
+            raise
 
     def wrap_model(self, model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+        """Every rank starts from rank 0's parameters and buffers (as DDP does)."""
         import horovod.torch as hvd
 
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         return model
 
     def wrap_optimizer(self, optimizer: Any, model: torch.nn.Module) -> Any:
+        """Gradients are averaged across ranks in ``step()``. No
+        ``hvd.broadcast_optimizer_state``: every rank builds the same fresh optimizer (or loads
+        the same checkpoint), and that call would take a zero-gradient step first (Adam's step
+        count, AdamW's weight decay), so the run would differ from the torch backend."""
         import horovod.torch as hvd
 
-        wrapped = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
-        hvd.broadcast_optimizer_state(wrapped, root_rank=0)
-        return wrapped
+        return hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         import horovod.torch as hvd
@@ -131,43 +147,98 @@ class HorovodBackend:
         return hvd.allreduce(tensor, op=hvd.Sum)
 
     def shutdown(self) -> None:
-        import horovod.torch as hvd
+        """Stop Horovod, then (rank 0) the rendezvous server; Spark reuses this process."""
+        try:
+            if self._initialized:
+                import horovod.torch as hvd
 
-        hvd.shutdown()
-        if self._server is not None:
-            self._server.stop()
-
-
-def _start_horovod_rendezvous(rendezvous: Rendezvous, port: int) -> Any:
-    """Horovod's gloo rendezvous server, told which rank runs on which host."""
-    from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
-    from horovod.runner.http.http_server import RendezvousServer
-
-    slots = ",".join(f"{host}:{rendezvous.hosts.count(host)}"
-                     for host in dict.fromkeys(rendezvous.hosts))
-    server = RendezvousServer(verbose=0)
-    server.start(port=port)
-    server.init(get_host_assignments(parse_hosts(slots), len(rendezvous.hosts)))
-    return server
+                self._initialized = False
+                hvd.shutdown()
+        finally:
+            if self._server is not None:
+                self._server.stop()
+                self._server = None
 
 
-def _horovod_env(context: WorkerContext, rendezvous: Rendezvous, port: int) -> dict[str, str]:
-    """The environment ``hvd.init()`` reads to join a gloo job (as horovodrun sets it)."""
-    hosts = rendezvous.hosts
-    host = hosts[context.rank]
-    local_ranks = [rank for rank, name in enumerate(hosts) if name == host]
-    unique_hosts = list(dict.fromkeys(hosts))
-    return {
-        "HOROVOD_GLOO_RENDEZVOUS_ADDR": rendezvous.master_addr,
+class _RendezvousServer:
+    """Horovod's gloo rendezvous (HTTP key-value store) on the port rank 0 reserved.
+
+    ``horovod.runner.http.http_server.RendezvousServer.start()`` in 0.28.1 picks a random port
+    of its own and never closes its socket, so its HTTP server class is used directly here.
+    """
+
+    def __init__(self, host: str, port: int, plan: list[Any]) -> None:
+        import threading
+
+        from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
+
+        self._httpd = RendezvousHTTPServer((host, port), RendezvousHandler, 0)
+        self._httpd.init(plan)
+        self._thread = threading.Thread(target=self._httpd.serve_forever,
+                                        name="horovod-rendezvous", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=10)
+
+
+def _slot_plan(hosts: tuple[str, ...]) -> list[Any]:
+    """One Horovod ``SlotInfo`` per rank (rank = index in ``hosts``): local ranks count the
+    ranks on the same host; the cross group of local rank k is the hosts that have a k-th
+    rank, in order of first appearance (Horovod's own definitions)."""
+    from horovod.runner.common.util.hosts import SlotInfo
+
+    order = list(dict.fromkeys(hosts))
+    per_host = {host: [rank for rank, name in enumerate(hosts) if name == host]
+                for host in order}
+    plan = []
+    for rank, host in enumerate(hosts):
+        local_rank = per_host[host].index(rank)
+        cross = [name for name in order if len(per_host[name]) > local_rank]
+        plan.append(SlotInfo(hostname=host, rank=rank, local_rank=local_rank,
+                             cross_rank=cross.index(host), size=len(hosts),
+                             local_size=len(per_host[host]), cross_size=len(cross)))
+    return plan
+
+
+def _horovod_env(slot: Any, rendezvous_addr: str, port: int,
+                 timeout_s: float) -> dict[str, str]:
+    """The environment ``hvd.init()`` reads to join a gloo job (as ``horovodrun`` sets it in
+    ``horovod/runner/gloo_run.py``, 0.28.1)."""
+    env = {
+        "HOROVOD_GLOO_RENDEZVOUS_ADDR": rendezvous_addr,
         "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),
+        "HOROVOD_GLOO_TIMEOUT_SECONDS": str(max(1, int(timeout_s))),
         "HOROVOD_CONTROLLER": "gloo",
         "HOROVOD_CPU_OPERATIONS": "gloo",
-        "HOROVOD_GLOO_IFACE": os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
-        "HOROVOD_HOSTNAME": host,
-        "HOROVOD_RANK": str(context.rank),
-        "HOROVOD_SIZE": str(context.world_size),
-        "HOROVOD_LOCAL_RANK": str(local_ranks.index(context.rank)),
-        "HOROVOD_LOCAL_SIZE": str(len(local_ranks)),
-        "HOROVOD_CROSS_RANK": str(unique_hosts.index(host)),
-        "HOROVOD_CROSS_SIZE": str(len(unique_hosts)),
+        "HOROVOD_HOSTNAME": slot.hostname,
+        "HOROVOD_RANK": str(slot.rank),
+        "HOROVOD_SIZE": str(slot.size),
+        "HOROVOD_LOCAL_RANK": str(slot.local_rank),
+        "HOROVOD_LOCAL_SIZE": str(slot.local_size),
+        "HOROVOD_CROSS_RANK": str(slot.cross_rank),
+        "HOROVOD_CROSS_SIZE": str(slot.cross_size),
     }
+    env["HOROVOD_GLOO_IFACE"] = _gloo_iface(slot.hostname) or ""  # "": Horovod's default
+    return env
+
+
+def _gloo_iface(address: str) -> str | None:
+    """``GLOO_SOCKET_IFNAME`` (first entry) when set, else the interface holding this task's
+    address, else None (gloo then uses the address the hostname resolves to)."""
+    if os.environ.get("GLOO_SOCKET_IFNAME"):
+        return os.environ["GLOO_SOCKET_IFNAME"].split(",")[0]
+    import socket
+
+    import psutil  # a Horovod dependency
+
+    try:
+        ip = socket.gethostbyname(address)
+    except OSError:
+        return None
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(item.family == socket.AF_INET and item.address == ip for item in addresses):
+            return name
+    return None

@@ -21,6 +21,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from sparkdist.exceptions import ParamError, TrainingError
+from sparkdist.testing import trip
+from sparkdist.train import resume
 
 if TYPE_CHECKING:
     import torch
@@ -133,6 +135,7 @@ def fit_worker(context: WorkerContext, batches: Any, args: dict[str, Any]) -> by
                 f"validation rows in {args['spill_seconds']:.2f} s")
     device = select_device(context, args["use_gpu"])
     backend = make_backend(args["backend"])
+    trip(args.get("fault"), context.rank, epoch=0)
     backend.init(context, context.rendezvous(), device)
     try:
         return _Trainer(context, backend, device, args).run(train, validation)
@@ -178,24 +181,73 @@ class _Trainer:
         torch.manual_seed(args["seed"])  # identical initial weights on every rank
         module = build_module(resolve(args["module"], "model"), args["module_kwargs"],
                               args["input_dim"], args["output_dim"]).to(self.device)
+        resumed = self._resume_state()
+        if resumed:
+            module.load_state_dict(resumed["model"])
         model = self.backend.wrap_model(module, self.device)
         optimizer = self.backend.wrap_optimizer(
             make_optimizer(args["optimizer"], module.parameters(), args["learning_rate"],
                            args["weight_decay"]), module)
-        torch.manual_seed(args["seed"] * 7919 + self.context.rank)  # dropout streams per rank
-        history, best = self._epochs(module, model, optimizer, train, validation, world)
+        if resumed:
+            optimizer.load_state_dict(resumed["optimizer"])
+        history, best = self._epochs(module, model, optimizer, train, validation, world,
+                                     resumed or {})
         if self.context.rank != 0:
             return None
         state = best["state"] if best else module.state_dict()
         return pack_result(state, {"history": history, "best_epoch": best and best["epoch"],
                                    "rows": self.rows[0], "validation_rows": self.rows[1],
                                    "steps_per_epoch": self.steps, "world_size": world,
-                                   "spill_seconds": args["spill_seconds"]})
+                                   "spill_seconds": args["spill_seconds"],
+                                   "resumed_from_epoch": resumed and resumed["epoch"]})
+
+    def _resume_state(self) -> dict[str, Any] | None:
+        """The latest intact checkpoint of this run, the same one on every rank: rank 0
+        picks it and the others learn its epoch by one all-reduce."""
+        import torch
+
+        from sparkdist.store import Checkpoints
+
+        if not self.args.get("checkpoint_dir"):
+            return None
+        store = Checkpoints(self.args["checkpoint_dir"], self.args["keep_checkpoints"])
+        found = store.latest() if self.context.rank == 0 else None
+        chosen = torch.tensor([found[0] if found else 0], dtype=torch.float64)
+        epoch = int(self.backend.all_reduce_sum(chosen)[0])
+        if epoch == 0:
+            return None
+        payload = found[1] if found else store.read(epoch)
+        if payload is None:
+            raise TrainingError(f"rank {self.context.rank} cannot read checkpoint {epoch} "
+                                f"in {store.root} that rank 0 read.")
+        self.context.log(f"resuming from the checkpoint after epoch {epoch}")
+        return resume.decode(payload, self.args, f"{store.root} (epoch {epoch})")
+
+    def _checkpoint(self, epoch: int, module: Any, optimizer: Any, history: list[dict],
+                    best: dict | None, stopped: bool) -> None:
+        """Rank 0 saves the state after ``epoch`` every ``checkpoint_every`` epochs and at
+        the end."""
+        from sparkdist.store import Checkpoints
+
+        args = self.args
+        if self.context.rank != 0 or not args.get("checkpoint_dir"):
+            return
+        if epoch % args["checkpoint_every"] and epoch < args["epochs"] and not stopped:
+            return
+        payload = resume.encode(epoch, module, optimizer, history, best, stopped, args)
+        Checkpoints(args["checkpoint_dir"], args["keep_checkpoints"]).save(epoch, payload)
 
     def _epochs(self, module: Any, model: Any, optimizer: Any, train: SpilledRows,
-                validation: SpilledRows, world: int) -> tuple[list[dict], dict | None]:
-        args, history, best = self.args, [], None
-        for epoch in range(args["epochs"]):
+                validation: SpilledRows, world: int,
+                resumed: dict[str, Any]) -> tuple[list[dict], dict | None]:
+        import torch
+
+        args = self.args
+        history, best = list(resumed.get("history", [])), resumed.get("best")
+        if resumed.get("stopped"):
+            return history, best
+        for epoch in range(resumed.get("epoch", 0), args["epochs"]):
+            torch.manual_seed(resume.epoch_seed(args["seed"], epoch, self.context.rank))
             started = time.perf_counter()
             record = {"epoch": epoch + 1, "epochs": args["epochs"],
                       "loss": self._train_epoch(model, optimizer, train, epoch, world),
@@ -209,7 +261,9 @@ class _Trainer:
                 best = {"epoch": epoch + 1, "loss": record["val_loss"],
                         "state": {k: v.detach().clone() for k, v in module.state_dict().items()}}
             patience = args["patience"]
-            if best and patience and epoch + 1 - best["epoch"] >= patience:
+            stopped = bool(best and patience and epoch + 1 - best["epoch"] >= patience)
+            self._checkpoint(epoch + 1, module, optimizer, history, best, stopped)
+            if stopped:
                 self.context.log(f"early stop after epoch {epoch + 1}: no better val_loss "
                                  f"for {patience} epochs (best epoch {best['epoch']})")
                 break
@@ -223,6 +277,7 @@ class _Trainer:
         total = torch.zeros(1, dtype=torch.float64)
         feed = train.batches(self.args["seed"], epoch, self.steps, dim=self.args["input_dim"])
         for step, (features, label) in enumerate(feed):
+            trip(self.args.get("fault"), self.context.rank, epoch + 1, step)
             if self.global_sizes[step] == 0:
                 continue  # every rank skips the same step: no one waits
             output = model(features.to(self.device))

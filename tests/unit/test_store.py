@@ -1,10 +1,11 @@
-"""All-or-nothing directory writes (no Spark needed)."""
+"""All-or-nothing directory writes and checkpoints (no Spark needed)."""
 
 from __future__ import annotations
 
 import pytest
 
-from sparkdist.store import PathExistsError, atomic_directory, exists, remove
+from sparkdist.exceptions import ParamError
+from sparkdist.store import Checkpoints, PathExistsError, atomic_directory, exists, remove, resolve
 
 
 def _write(directory: str, text: str) -> None:
@@ -49,3 +50,45 @@ def test_overwrite_replaces_and_relative_paths_work(tmp_path, monkeypatch):
     assert (tmp_path / "model" / "part").read_text() == "new"
     remove("model")
     assert not exists("model")
+
+
+# ------------------------------------------------------------------------------ checkpoints
+def test_checkpoints_keep_the_newest_and_read_back(tmp_path):
+    checkpoints = Checkpoints(str(tmp_path / "run"), keep=2)
+    assert checkpoints.latest() is None and checkpoints.steps() == []
+    for step in (1, 2, 3):
+        checkpoints.save(step, f"state {step}".encode())
+    assert checkpoints.steps() == [2, 3]
+    assert checkpoints.latest() == (3, b"state 3")
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [
+        "ckpt-0000000002", "ckpt-0000000003"]  # no temporaries left
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "empty"])
+def test_a_damaged_latest_checkpoint_falls_back_with_a_warning(tmp_path, caplog, damage):
+    checkpoints = Checkpoints(str(tmp_path), keep=3)
+    checkpoints.save(1, b"one" * 100)
+    checkpoints.save(2, b"two" * 100)
+    latest = tmp_path / "ckpt-0000000002"
+    body = latest.read_bytes()
+    latest.write_bytes({"truncate": body[:-7], "flip": body[:-1] + b"X", "empty": b""}[damage])
+    assert checkpoints.latest() == (1, b"one" * 100)
+    assert "damaged" in caplog.text and "ckpt-0000000002" in caplog.text
+
+
+def test_a_save_cut_short_is_never_read(tmp_path):
+    checkpoints = Checkpoints(str(tmp_path))
+    checkpoints.save(1, b"good")
+    (tmp_path / "ckpt-0000000002.tmp-1234abcd").write_bytes(b"half a checkpoint")
+    assert checkpoints.steps() == [1] and checkpoints.latest() == (1, b"good")
+
+
+def test_an_unwritable_directory_names_the_param(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(ParamError, match="checkpointDir=.*not writable"):
+        Checkpoints(str(blocker / "run")).check_writable()
+
+
+def test_dbfs_paths_map_to_the_local_mount():
+    assert resolve("dbfs:/ml/ckpt")[1] == "/dbfs/ml/ckpt"

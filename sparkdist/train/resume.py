@@ -1,0 +1,62 @@
+"""Training state in checkpoints, so that a retried or re-run fit continues where it stopped.
+
+Rank 0 writes one checkpoint every ``checkpoint_every`` epochs into
+:class:`sparkdist.store.Checkpoints` (atomic, checksummed, the last K kept). A checkpoint holds
+the weights, the optimizer state, the history, the best weights so far (early stopping) and the
+epoch. Randomness needs no saved state: every epoch reseeds dropout from (seed, epoch, rank)
+and the feed shuffles from (seed, epoch), so a resumed epoch draws exactly what the
+uninterrupted one would have drawn, and a resumed fit ends with the same weights.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import TYPE_CHECKING, Any
+
+from sparkdist.exceptions import TrainingError
+
+if TYPE_CHECKING:
+    import torch
+
+#: The spec entries a checkpoint must agree on to be resumed from.
+FINGERPRINT_KEYS = ("module_name", "module_kwargs", "input_dim", "output_dim", "loss",
+                    "optimizer")
+
+
+def epoch_seed(seed: int, epoch: int, rank: int) -> int:
+    """The torch seed of one rank's epoch (dropout and the like)."""
+    return (seed * 1_000_003 + epoch * 7919 + rank) % 2**63
+
+
+def fingerprint(args: dict[str, Any]) -> dict[str, Any]:
+    return {key: args[key] for key in FINGERPRINT_KEYS}
+
+
+def encode(epoch: int, module: torch.nn.Module, optimizer: Any, history: list[dict],
+           best: dict | None, stopped: bool, args: dict[str, Any]) -> bytes:
+    """The state after ``epoch`` epochs, as bytes ``torch.load(weights_only=True)`` reads."""
+    import torch
+
+    state = {"epoch": epoch, "model": _cpu(module.state_dict()),
+             "optimizer": optimizer.state_dict(), "history": history,
+             "best": best and {**best, "state": _cpu(best["state"])}, "stopped": stopped,
+             "fingerprint": fingerprint(args)}
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return buffer.getvalue()
+
+
+def decode(payload: bytes, args: dict[str, Any], where: str) -> dict[str, Any]:
+    """A checkpoint's state; refuses one written for another model or loss."""
+    import torch
+
+    state = torch.load(io.BytesIO(payload), weights_only=True, map_location="cpu")
+    if state["fingerprint"] != fingerprint(args):
+        raise TrainingError(f"the checkpoint {where} was written by a different fit "
+                            f"({state['fingerprint']}, this fit: {fingerprint(args)}); use "
+                            f"a new runId or another checkpointDir.")
+    return state
+
+
+def _cpu(state_dict: dict[str, Any]) -> dict[str, Any]:
+    return {name: tensor.detach().cpu().clone() for name, tensor in state_dict.items()}

@@ -1,0 +1,128 @@
+"""TorchEstimator under failures: checkpoints, automatic resume on Spark's stage retry, re-runs
+by runId, bounded retries, a peer that never arrives, damaged checkpoints, bad settings."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import torch
+
+from sparkdist.datasets import make_nonlinear
+from sparkdist.exceptions import ClusterConfigError, ParamError, TrainingError
+from sparkdist.models import TorchEstimator
+from sparkdist.testing import inject_fault
+
+SETTINGS = {"progress": False, "batchSize": 200, "learningRate": 0.01, "numWorkers": 2,
+            "modelKwargs": {"hidden": [16], "dropout": 0.1}, "seed": 5,
+            "rendezvousTimeoutSeconds": 60}
+
+
+@pytest.fixture(scope="module")
+def data(spark):
+    df = spark.createDataFrame(make_nonlinear(2000, 3)).repartition(2).cache()
+    df.count()
+    yield df
+    df.unpersist()
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(data, tmp_path_factory):
+    """4 epochs without a failure: the weights every resumed run must end with."""
+    directory = str(tmp_path_factory.mktemp("clean"))
+    return TorchEstimator(epochs=4, checkpointDir=directory, **SETTINGS).fit(data)
+
+
+def _same_weights(a, b) -> bool:
+    first, second = a.module().state_dict(), b.module().state_dict()
+    return all(torch.equal(first[name], second[name]) for name in first)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["raise", "kill"])
+def test_a_failed_rank_resumes_from_the_checkpoint_to_the_same_weights(
+        data, uninterrupted, tmp_path, kind):
+    estimator = inject_fault(
+        TorchEstimator(epochs=4, checkpointDir=str(tmp_path / "ckpt"), **SETTINGS),
+        str(tmp_path), rank=1, epoch=3, step=4, kind=kind)
+    model = estimator.fit(data)
+    summary = model.trainingSummary
+    assert (tmp_path / "fired-1.pid").exists() and summary["resumed_from_epoch"] == 2
+    assert [epoch["epoch"] for epoch in model.history] == [1, 2, 3, 4]
+    assert _same_weights(model, uninterrupted)
+    assert sorted(os.listdir(tmp_path / "ckpt" / summary["run_id"])) == [
+        "ckpt-0000000002", "ckpt-0000000003", "ckpt-0000000004"]
+
+
+@pytest.mark.slow
+def test_fitting_again_with_the_run_id_resumes(data, uninterrupted, tmp_path):
+    first = TorchEstimator(epochs=2, checkpointDir=str(tmp_path), runId="nightly",
+                           **SETTINGS).fit(data)
+    assert first.trainingSummary["resumed_from_epoch"] is None
+    resumed = TorchEstimator(epochs=4, checkpointDir=str(tmp_path), runId="nightly",
+                             **SETTINGS).fit(data)
+    assert resumed.trainingSummary["resumed_from_epoch"] == 2
+    assert resumed.history[:2] == first.history
+    assert _same_weights(resumed, uninterrupted)
+
+
+@pytest.mark.slow
+def test_a_damaged_latest_checkpoint_falls_back_to_the_one_before(data, tmp_path):
+    TorchEstimator(epochs=3, checkpointDir=str(tmp_path), runId="r", **SETTINGS).fit(data)
+    latest = tmp_path / "r" / "ckpt-0000000003"
+    latest.write_bytes(latest.read_bytes()[:100])  # a torn write
+    model = TorchEstimator(epochs=3, checkpointDir=str(tmp_path), runId="r",
+                           **SETTINGS).fit(data)
+    assert model.trainingSummary["resumed_from_epoch"] == 2
+    assert len(model.history) == 3
+
+
+@pytest.mark.slow
+def test_retries_are_bounded_and_the_last_cause_reaches_the_user(data, tmp_path):
+    estimator = inject_fault(
+        TorchEstimator(epochs=2, checkpointDir=str(tmp_path / "ckpt"), maxRetries=1,
+                       **SETTINGS), str(tmp_path), rank=1, epoch=1, step=0, times=4)
+    with pytest.raises(TrainingError) as caught:
+        estimator.fit(data)
+    message = str(caught.value)
+    assert "gave up after 2 failed attempt(s) (maxRetries=1)" in message
+    assert "InjectedFault: injected fault 2: rank 1, epoch 1, step 0" in message
+    assert not (tmp_path / "fired-3.pid").exists()  # no third attempt ran
+    assert "output tail of rank 1" in message
+
+
+@pytest.mark.slow
+def test_a_peer_that_never_arrives_ends_within_the_rendezvous_timeout(data, tmp_path):
+    marker = tmp_path / "fired-1.pid"
+    estimator = inject_fault(
+        TorchEstimator(epochs=1, maxRetries=0, **{**SETTINGS, "rendezvousTimeoutSeconds": 8}),
+        str(tmp_path), rank=1, epoch=0, kind="hang", times=4)
+    started = time.monotonic()
+    with pytest.raises(TrainingError, match="reached the rendezvous within 8 s"):
+        estimator.fit(data)
+    assert time.monotonic() - started < 8 + 5 + 3  # + the data checks before the launch
+    pid = int(marker.read_text())
+    deadline = time.monotonic() + 15
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _alive(pid), "the hung worker process was left running"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_bad_recovery_settings_fail_before_launch(data, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(ParamError, match="checkpointDir=.*not writable"):
+        TorchEstimator(checkpointDir=str(blocker / "ckpt"), **SETTINGS).fit(data)
+    with pytest.raises(ClusterConfigError, match="spark.stage.maxConsecutiveAttempts=9"):
+        TorchEstimator(maxRetries=8, **SETTINGS).fit(data)
+    with pytest.raises(ParamError, match="checkpointEvery=0"):
+        TorchEstimator(checkpointEvery=0, **SETTINGS).fit(data)
