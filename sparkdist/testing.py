@@ -1,7 +1,8 @@
 """Fault injection for tests of failure handling; production code never sets a fault.
 
-The training loop calls :func:`trip` at fixed points (before the rendezvous, at each step);
-it does nothing unless a test attached a fault to the estimator with :func:`inject_fault`.
+The training loop calls :func:`trip` at fixed points (before the rendezvous, at each step;
+for XGBoost, after each boosting round); it does nothing unless a test attached a fault to the
+estimator with :func:`inject_fault`.
 
 Examples
 --------
@@ -29,7 +30,12 @@ def inject_fault(estimator: Any, state_dir: str, *, rank: int, epoch: int = 1, s
     the first ``times`` times it gets there. ``kind``: 'raise' an exception, 'kill' the Python
     worker with SIGKILL, or 'hang' (sleep until killed). Each firing leaves
     ``state_dir/fired-<n>.pid`` holding the pid of the process that failed (also how the
-    firings are counted across processes and stage attempts)."""
+    firings are counted across processes and stage attempts).
+
+    For the XGBoost estimators (a fault fires only in a fit with ``checkpointDir``), ``rank``
+    is the XGBoost worker rank (= Spark partition id), ``epoch`` the boosting round counted
+    from the start of the whole fit (1-based; the fault fires after that round) and ``step``
+    must be 0; a firing fails the current chunk, which the fit retries from its checkpoint."""
     if kind not in KINDS:
         raise ValueError(f"kind={kind!r}: use one of {KINDS}")
     estimator._fault = {"rank": rank, "epoch": epoch, "step": step, "kind": kind,

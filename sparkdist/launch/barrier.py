@@ -82,12 +82,15 @@ class WorkerContext:
         self._tail: collections.deque[str] = collections.deque(maxlen=40)
         self._report_socket: socket.socket | None = None
         self.scratch = tempfile.mkdtemp(prefix=f"sparkdist-rank{self.rank}-")
+        #: Names this stage attempt in failure reports: the lowest task id of the attempt once
+        #: the rendezvous told it, this task's id before (ids of a retry are all higher).
+        self.attempt_key: int = task.taskAttemptId()
 
     def rendezvous(self) -> Rendezvous:
         """One allGather: rank 0's host and free ports reach every rank (bounded wait)."""
         host = self._task.getTaskInfos()[self.rank].address.rsplit(":", 1)[0]
         ports = _free_ports(host, self.settings.num_ports) if self.rank == 0 else []
-        message = json.dumps({"host": host, "ports": ports})
+        message = json.dumps({"host": host, "ports": ports, "task": self.attempt_key})
         self.log(f"{SYNC_LOG_PREFIX}: rendezvous of {self.world_size} (task attempt "
                  f"{self._task.taskAttemptId()})")
         gathered = _with_timeout(lambda: self._task.allGather(message),
@@ -96,6 +99,7 @@ class WorkerContext:
                                  f"workers reached the rendezvous within "
                                  f"{self.settings.rendezvous_timeout_s:.0f} s")
         peers = [json.loads(item) for item in gathered]
+        self.attempt_key = min(peer["task"] for peer in peers)
         return Rendezvous(master_addr=peers[0]["host"], ports=tuple(peers[0]["ports"]),
                           hosts=tuple(peer["host"] for peer in peers))
 
@@ -127,7 +131,8 @@ class WorkerContext:
         address = self.settings.report_address
         if address is None:
             return
-        record = {"failure": message, "rank": self.rank}
+        record = {"failure": message, "rank": self.rank,
+                  "attempt": self.attempt_key, "world_size": self.world_size}
         with contextlib.suppress(OSError), \
                 socket.create_connection(address, timeout=5) as connection:
             connection.sendall((json.dumps(record) + "\n").encode())
@@ -196,10 +201,16 @@ class _Attempts:
     def __init__(self, max_retries: int | None, cancel: Callable[[], None]) -> None:
         self.max_retries, self.cancel = max_retries, cancel
         self.last: str | None = None
+        self._attempt = -1
         self.gave_up = False
 
     def record(self, record: dict[str, Any]) -> None:
-        self.last = str(record["failure"])
+        """Keep the first failure of the newest stage attempt: the root cause, where the ranks
+        that fail after it only report losing their peer. The task ids of one attempt lie
+        within ``world_size`` of each other; a retry's are all higher."""
+        attempt = int(record.get("attempt", 0))
+        if self.last is None or attempt - self._attempt >= int(record.get("world_size", 1)):
+            self.last, self._attempt = str(record["failure"]), attempt
 
     def watch(self, sc: Any, group: str, stop: threading.Event) -> None:
         """Poll Spark's status tracker: attempt ``max_retries + 1`` of a stage means every

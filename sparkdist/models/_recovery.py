@@ -40,16 +40,21 @@ class HasRecovery(Params):
         super().__init__(*args)
         self._setDefault(checkpointEvery=1, keepCheckpoints=3, maxRetries=3)
 
-    def checkpoint_location(self, spark: Any) -> tuple[str | None, str]:
+    def checkpoint_location(self, spark: Any,
+                            spark_retries: bool = True) -> tuple[str | None, str]:
         """Check the recovery Params against the cluster and return (this run's checkpoint
-        directory or None, run id). Raises before anything is launched."""
+        directory or None, run id). Raises before anything is launched.
+
+        ``spark_retries``: True when the retries are Spark's own stage retries, so maxRetries
+        must fit in spark.stage.maxConsecutiveAttempts; False for an estimator that retries
+        on the driver (XGBoost), where that Spark setting does not apply."""
         get = self.getOrDefault
         for name, low in (("checkpointEvery", 1), ("keepCheckpoints", 1), ("maxRetries", 0)):
             if get(name) < low:
                 raise ParamError(f"{name}={get(name)}: use {low} or more.")
         attempts = int(spark.conf.get("spark.stage.maxConsecutiveAttempts",
                                       str(SPARK_STAGE_ATTEMPTS)))
-        if get("maxRetries") + 1 > attempts:
+        if spark_retries and get("maxRetries") + 1 > attempts:
             raise ClusterConfigError(
                 f"maxRetries={get('maxRetries')} needs {get('maxRetries') + 1} stage attempts "
                 f"but Spark allows {attempts}; set spark.stage.maxConsecutiveAttempts="

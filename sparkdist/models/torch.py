@@ -48,7 +48,8 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, BooleanType, NumericType, StructType
 
 from sparkdist.columns import require_columns, suggest
-from sparkdist.exceptions import ClusterConfigError, ModelLoadError, ParamError, SchemaError
+from sparkdist.exceptions import ModelLoadError, ParamError, SchemaError
+from sparkdist.launch import gpus
 from sparkdist.launch.barrier import BarrierSettings, run_barrier
 from sparkdist.launch.preflight import preflight
 from sparkdist.models._recovery import HasRecovery
@@ -602,9 +603,9 @@ def predict_batches(spec: dict[str, Any], batches: Any) -> Any:
     module = loop.build_module(loop.resolve(spec["module"], "model"), spec["module_kwargs"],
                                spec["input_dim"], spec["output_dim"])
     module.load_state_dict(torch.load(io.BytesIO(spec["weights"]), weights_only=True))
-    device = torch.device("cpu")
-    if spec["use_gpu"] and torch.cuda.is_available():
-        device = torch.device("cuda", _task_gpu())
+    # The task's assigned GPU when there is one; a model trained with useGpu=True still scores
+    # on a CPU-only cluster rather than failing there.
+    device = gpus.apply(gpus.plan_for_task("auto" if spec["use_gpu"] else False))
     module.to(device).eval()
     for series in batches:
         matrix = np.stack(series.to_numpy()).astype(np.float32) if len(series) else \
@@ -630,14 +631,6 @@ def _outputs(loss: str, output: Any) -> dict[str, Any]:
                 "probability": list(torch.softmax(output, 1).numpy()),
                 "raw": list(output.numpy())}
     return {"prediction": output[:, 0].numpy()}
-
-
-def _task_gpu() -> int:
-    from pyspark import TaskContext
-
-    context = TaskContext.get()
-    addresses = context.resources().get("gpu") if context else None
-    return int(addresses.addresses[0]) if addresses else 0
 
 
 class _Progress:

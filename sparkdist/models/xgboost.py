@@ -8,6 +8,16 @@ column Params ``xgboost.spark`` uses (``featuresCol``, ``labelCol``, ``predictio
 ``rawPredictionCol``). ``fit`` checks the input and the cluster first, then hands the work to
 ``xgboost.spark.SparkXGBClassifier`` / ``SparkXGBRegressor`` (one barrier task per worker).
 
+With ``checkpointDir`` set, ``fit`` boosts in chunks of ``checkpointEvery`` rounds, each
+continuing from the booster saved after the previous one under ``checkpointDir/runId`` (the
+newest ``keepCheckpoints`` kept). A failed chunk is run again from the newest intact checkpoint,
+at most ``maxRetries`` times per fit, then the fit raises TrainingError with the last cause. A
+fit given the ``runId`` of an earlier one continues it: ``n_estimators`` is the total, so the
+same runId with a larger ``n_estimators`` boosts only the missing rounds. Without sampling
+(``subsample``, ``colsample_*``) the chunked booster equals the one of a single fit.
+``early_stopping_rounds`` cannot be combined with checkpoints (the count would restart in every
+chunk), and ``callbacks`` see each chunk as its own training (``epoch`` restarts at 0).
+
 A fitted model saves its booster as UBJSON (xgboost's native format) and its Params as JSON;
 loading parses exactly those two and never unpickles: ``xgboost.spark``'s own reader, which
 unpickles a callbacks field, is never called. xgboost is imported on first fit/transform/load,
@@ -22,6 +32,9 @@ Examples
 ...     XGBoostClassifier(labelCol="churned", num_workers=2, max_depth=4)])
 >>> model = pipeline.fit(train)
 >>> model.write().save("s3://bucket/churn-xgb")
+>>> resumable = XGBoostClassifier(labelCol="churned", num_workers=2, n_estimators=500,
+...                               checkpointDir="s3://bucket/ckpt", checkpointEvery=50,
+...                               runId="churn-nightly")
 """
 
 from __future__ import annotations
@@ -59,6 +72,7 @@ from sparkdist.exceptions import (
 )
 from sparkdist.launch.barrier import worker_message
 from sparkdist.launch.preflight import check_num_workers
+from sparkdist.models._recovery import HasRecovery
 from sparkdist.persist import ParamsPersistence, PersistentModel
 
 BOOSTER_FILE = "booster.ubj"
@@ -79,7 +93,8 @@ _HINTS = {
     "enable_categorical": "mark categorical features with 'c' in feature_types instead.",
     "eval_set": "mark validation rows with a boolean validationIndicatorCol instead.",
     "sample_weight": "put weights in a column and set weightCol instead.",
-    "xgb_model": "continuing from a booster is not supported (it cannot be saved as JSON).",
+    "xgb_model": "continuing from a booster is not supported (it cannot be saved as JSON); "
+                 "to continue a fit by rounds, set checkpointDir and runId.",
     "coll_cfg": "not supported: the tracker runs on the driver with xgboost's defaults.",
 }
 
@@ -199,9 +214,11 @@ def _push_params(source: Params, target: Params) -> Params:
 
 
 # -- estimators ------------------------------------------------------------------------------
-class _XGBoostEstimator(Estimator, ParamsPersistence):
+class _XGBoostEstimator(Estimator, HasRecovery, ParamsPersistence):
+    """Validates, then fits the matching ``xgboost.spark`` estimator (once, or in checkpointed
+    chunks of rounds) and wraps its model."""
+
     _transient_params = ("callbacks",)
-    """Validates, then fits the matching ``xgboost.spark`` estimator and wraps its model."""
 
     _xgb_estimator: ClassVar[str]  # class name in xgboost.spark
     _model_class: ClassVar[type[_XGBoostModel]]
@@ -228,27 +245,50 @@ class _XGBoostEstimator(Estimator, ParamsPersistence):
         return f"{type(self).__name__} has no parameter {name!r}. {hint}"
 
     def _fit(self, dataset: DataFrame) -> _XGBoostModel:
-        self._validate(dataset)
-        inner = self._xgboost_estimator()
+        location, run_id = self._validate(dataset)
+        if location is None:
+            model = self._model_class(self._fit_once(dataset))
+        else:
+            model = self._fit_checkpointed(dataset, location, run_id)
+        self._copyValues(model)
+        return model
+
+    def _fit_once(self, dataset: DataFrame) -> Any:
+        """One ``xgboost.spark`` fit of all rounds, no checkpoints, no retries."""
         try:
-            fitted = inner.fit(dataset)
+            return self._xgboost_estimator().fit(dataset)
         except (Py4JJavaError, PySparkException) as err:  # a failed job
             raise TrainingError(f"XGBoost training failed on the executors: "
                                 f"{worker_message(err)}") from err
-        model = self._model_class(fitted)
-        self._copyValues(model)
-        return model
+
+    def _fit_checkpointed(self, dataset: DataFrame, location: str,
+                          run_id: str) -> _XGBoostModel:
+        """Boost in checkpointed chunks (see ``_xgboost_checkpoints``); wrap the final booster."""
+        from sparkdist.models import _xgboost_checkpoints as chunks
+
+        get = self.getOrDefault
+        plan = chunks.ChunkPlan(location=location, run_id=run_id, rounds=get("n_estimators"),
+                                every=get("checkpointEvery"), keep=get("keepCheckpoints"),
+                                max_retries=get("maxRetries"))
+        raw, summary = chunks.fit_in_chunks(self._xgboost_estimator, dataset, plan,
+                                            getattr(self, "_fault", None))
+        return self._model_class(self._model_class._wrap_booster(raw, location), summary)
 
     def _xgboost_estimator(self) -> Any:
         return _push_params(self, getattr(_xgboost_spark(), self._xgb_estimator)())
 
-    # validation: Params, then schema, then the cluster, then one pass over the label
-    def _validate(self, dataset: DataFrame) -> None:
+    # validation: Params, then checkpoints, schema, the cluster, then one pass over the label
+    def _validate(self, dataset: DataFrame) -> tuple[str | None, str]:
+        """Check everything before launch; return (checkpoint directory or None, run id)."""
         self._check_params()
+        # xgboost.spark's barrier stage is never retried by Spark: retries happen on the
+        # driver, so spark.stage.maxConsecutiveAttempts does not bound maxRetries here.
+        location = self.checkpoint_location(dataset.sparkSession, spark_retries=False)
         self._check_schema(dataset.schema)
         check_num_workers(dataset.sparkSession, self.getOrDefault("num_workers"),
                           param="num_workers")
         self._check_label(dataset)
+        return location
 
     def _check_params(self) -> None:
         workers, device = self.getOrDefault("num_workers"), self.getOrDefault("device")
@@ -261,6 +301,13 @@ class _XGBoostEstimator(Estimator, ParamsPersistence):
             self._xgboost_estimator()._validate_params()
         except ValueError as err:
             raise ParamError(str(err)) from err
+        if self.isDefined("checkpointDir") and self.getOrDefault("checkpointDir"):
+            from sparkdist.models._xgboost_checkpoints import check_chunkable
+
+            check_chunkable(self.getOrDefault("n_estimators"),
+                            self.getOrDefault("early_stopping_rounds"),
+                            self.getOrDefault("callbacks") if self.isDefined("callbacks")
+                            else None)
 
     def _check_schema(self, schema: StructType) -> None:
         features, label = self.getOrDefault("featuresCol"), self.getOrDefault("labelCol")
@@ -327,6 +374,9 @@ class XGBoostClassifier(_XGBoostEstimator, _ClassifierParams):
     Outputs ``predictionCol`` (class index), ``probabilityCol`` and ``rawPredictionCol``
     (vectors, as MLlib classifiers do, so Spark's evaluators work unchanged).
 
+    ``checkpointDir``, ``checkpointEvery``, ``keepCheckpoints``, ``runId`` and ``maxRetries``
+    make the fit resumable by rounds (see the module docstring).
+
     Examples
     --------
     >>> clf = XGBoostClassifier(labelCol="churned", num_workers=2, max_depth=4,
@@ -357,6 +407,9 @@ class XGBoostRegressor(_XGBoostEstimator, _RegressorParams):
     """Gradient-boosted trees for a numeric label, trained by ``num_workers`` XGBoost
     workers in one Spark barrier stage.
 
+    ``checkpointDir``, ``checkpointEvery``, ``keepCheckpoints``, ``runId`` and ``maxRetries``
+    make the fit resumable by rounds (see the module docstring).
+
     Examples
     --------
     >>> reg = XGBoostRegressor(labelCol="price", num_workers=2, objective="reg:absoluteerror")
@@ -382,9 +435,17 @@ class _XGBoostModel(Model, PersistentModel):
     _xgb_model: ClassVar[str]  # class name in xgboost.spark
     _xgb_sklearn: ClassVar[str]  # class name in xgboost
 
-    def __init__(self, inner: Any = None) -> None:
+    def __init__(self, inner: Any = None, summary: dict[str, Any] | None = None) -> None:
         super().__init__()
         self._inner = inner
+        self._summary = summary or {}
+
+    @property
+    def trainingSummary(self) -> dict[str, Any]:  # noqa: N802 (the name TorchModel uses)
+        """How a checkpointed fit ran: run_id, checkpoint_dir, resumed_from_round (rounds
+        taken from an earlier fit's checkpoint, or None) and retries (failed chunks run
+        again). Empty for a fit without checkpointDir and for a loaded model."""
+        return dict(self._summary)
 
     @property
     def xgboost_model(self) -> Any:

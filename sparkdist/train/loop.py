@@ -21,6 +21,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from sparkdist.exceptions import ParamError, TrainingError
+from sparkdist.launch import gpus
 from sparkdist.testing import trip
 from sparkdist.train import resume
 
@@ -133,7 +134,9 @@ def fit_worker(context: WorkerContext, batches: Any, args: dict[str, Any]) -> by
     args = {**args, "spill_seconds": time.perf_counter() - started}
     context.log(f"spilled {train.num_rows} training and {validation.num_rows} "
                 f"validation rows in {args['spill_seconds']:.2f} s")
-    device = select_device(context, args["use_gpu"])
+    plan = gpus.plan_for_task(args["use_gpu"], context.gpus)
+    context.log(f"device {plan.device}: {plan.reason}")
+    device = gpus.apply(plan)  # the GPU Spark assigned; CUDA_VISIBLE_DEVICES for children
     backend = make_backend(args["backend"])
     trip(args.get("fault"), context.rank, epoch=0)
     backend.init(context, context.rendezvous(), device)
@@ -143,21 +146,6 @@ def fit_worker(context: WorkerContext, batches: Any, args: dict[str, Any]) -> by
         backend.shutdown()
         train.close()
         validation.close()
-
-
-def select_device(context: WorkerContext, use_gpu: Any) -> torch.device:
-    """The GPU Spark assigned to this task when asked for and present; else the CPU."""
-    import torch
-
-    if use_gpu and context.gpus and torch.cuda.is_available():
-        index = int(context.gpus[0])
-        torch.cuda.set_device(index)
-        return torch.device("cuda", index)
-    if use_gpu is True:
-        raise TrainingError(f"useGpu=True but rank {context.rank} has no usable GPU "
-                            f"(Spark assigned {list(context.gpus)}, CUDA available: "
-                            f"{torch.cuda.is_available()}).")
-    return torch.device("cpu")
 
 
 class _Trainer:

@@ -2,8 +2,8 @@
 deep-model job and SIGKILL one executor JVM while it trains; the job must still finish.
 
 Spark retries the training stage as a whole (it is a barrier stage followed by a shuffle), the
-Worker relaunches the killed executor, and the retried attempt trains again (from scratch
-today; from the last checkpoint once TorchEstimator resumes). Nothing here depends on which.
+Worker relaunches the killed executor, and every rank of the retried attempt resumes from the
+last checkpoint rank 0 wrote, so the epochs done before the kill are not trained again.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ KILL_AT_EPOCH = 3   # rank 0 has logged this epoch: training is under way
 TRAINING_STARTS_WITHIN_S = 180   # submit -> executors up -> data split -> epoch KILL_AT_EPOCH
 JOB_ENDS_WITHIN_S = 240          # kill -> executor relaunched -> retrained -> saved, tracked
 EPOCH_LINE = re.compile(r'\[sparkdist rank 0\] \{"epoch": (\d+),')
+RESUME_LINE = re.compile(r"\[sparkdist rank 0\] resuming from the checkpoint after epoch (\d+)")
 
 
 @pytest.fixture
@@ -57,7 +58,7 @@ def job_config(tmp_path: Path, epochs: int = EPOCHS, batch_size: int = BATCH_SIZ
     raw["output"] = {"modelDir": str(tmp_path / "models")}
     model = next(m for m in raw["models"] if m["type"] == "TorchEstimator")
     model["params"].update(epochs=epochs, batchSize=batch_size, progress=False,
-                           rendezvousTimeoutSeconds=60)
+                           rendezvousTimeoutSeconds=60, checkpointDir=str(tmp_path / "ckpt"))
     raw["models"] = [model]
     path = tmp_path / "churn_torch_standalone.yaml"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
@@ -179,6 +180,8 @@ def test_job_survives_a_killed_executor(cluster, tmp_path):
     rendezvous = [line for line in logs.splitlines() if SYNC_LOG_PREFIX in line]
     assert len(rendezvous) >= 4, f"the training stage did not run twice: {rendezvous}"
     assert EPOCHS in [int(e) for e in EPOCH_LINE.findall(logs)]  # trained to the end
+    resumed = [int(e) for e in RESUME_LINE.findall(logs)]
+    assert resumed and resumed[-1] >= KILL_AT_EPOCH, "the retried attempt did not resume"
 
     report = json.loads([line for line in (tmp_path / "driver.out").read_text().splitlines()
                          if line.startswith("{")][-1])
