@@ -7,6 +7,11 @@ of rounds done as the step. A chunk that fails (its barrier stage is never retri
 is run again from the newest intact checkpoint, at most ``maxRetries`` times in all; a fit
 started with the runId of an earlier one continues from that run's newest checkpoint.
 
+A failed chunk's error names its root cause: the job error Spark raises carries whichever task
+failed first, often a rank whose collective only lost its peer, so the failed tasks of the
+chunk's jobs are read back from Spark's status store and a failure that is not such a
+symptom is preferred.
+
 Chunk boundaries are the multiples of ``checkpointEvery`` (and ``n_estimators``), whatever
 the history of failures and re-runs, so a resumed fit rebuilds exactly the same chunks. Without
 row or column sampling the result is the same booster as one uninterrupted fit.
@@ -22,19 +27,21 @@ Examples
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
+import time
+import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import xgboost
-from py4j.protocol import Py4JJavaError
+from py4j.protocol import Py4JError, Py4JJavaError
 from pyspark import StorageLevel
 from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame
 
 from sparkdist.exceptions import ParamError, TrainingError
-from sparkdist.launch.barrier import worker_message
 from sparkdist.store import Checkpoints
 from sparkdist.testing import trip
 
@@ -42,6 +49,9 @@ _LOG = logging.getLogger(__name__)
 BOOSTER_FORMAT = "ubj"
 #: Built-in callbacks that keep per-training round counts, which restart in every chunk.
 _ROUND_COUNTING = (xgboost.callback.EarlyStopping, xgboost.callback.LearningRateScheduler)
+#: In a task's error, xgboost's collective code (allreduce, ...) reporting a lost peer.
+_PEER_LOSS = "/collective/"
+_JOB_PROPERTIES = ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel")
 
 
 @dataclass(frozen=True)
@@ -125,9 +135,9 @@ def fit_in_chunks(new_inner: Callable[[], Any], dataset: DataFrame, plan: ChunkP
             end = chunk_end(done, plan.rounds, plan.every)
             try:
                 raw = _fit_chunk(new_inner(), dataset, raw, done, end, fault)
-            except (Py4JJavaError, PySparkException) as err:  # a failed training job
+            except _ChunkFailed as failed:
                 summary["retries"] += 1
-                _retry_or_raise(summary["retries"], plan, done, end, err)
+                _retry_or_raise(summary["retries"], plan, done, end, failed)
                 done, raw = _resume(store, plan)
                 continue
             store.save(end, raw)
@@ -137,6 +147,10 @@ def fit_in_chunks(new_inner: Callable[[], Any], dataset: DataFrame, plan: ChunkP
             dataset.unpersist()
     assert raw is not None  # rounds >= 1 (check_chunkable)
     return raw, summary
+
+
+class _ChunkFailed(Exception):
+    """A chunk's training job failed; the message is its root cause (see _root_cause)."""
 
 
 def _resume(store: Checkpoints, plan: ChunkPlan) -> tuple[int, bytes | None]:
@@ -155,14 +169,20 @@ def _resume(store: Checkpoints, plan: ChunkPlan) -> tuple[int, bytes | None]:
 
 def _fit_chunk(inner: Any, dataset: DataFrame, raw: bytes | None, done: int, end: int,
                fault: dict[str, Any] | None) -> bytes:
-    """Boost rounds ``done+1..end`` on top of ``raw`` (None: from scratch); the new booster."""
+    """Boost rounds ``done+1..end`` on top of ``raw`` (None: from scratch); the new booster.
+    Raises _ChunkFailed when a Spark job of the chunk fails."""
     inner._set(n_estimators=end - done)
     if raw is not None:
         inner._set(xgb_model=_load(raw))
     if fault:
         callbacks = inner.getOrDefault("callbacks") or []
         inner._set(callbacks=[*callbacks, _FaultCallback(fault, done)])
-    fitted = inner.fit(dataset)
+    sc = dataset.sparkSession.sparkContext
+    with _job_group(sc, f"sparkdist XGBoost rounds {done + 1}-{end}") as group:
+        try:
+            fitted = inner.fit(dataset)
+        except (Py4JJavaError, PySparkException) as err:  # a failed job
+            raise _ChunkFailed(_root_cause(sc, group, err)) from err
     return bytes(fitted.get_booster().save_raw(BOOSTER_FORMAT))
 
 
@@ -173,22 +193,100 @@ def _load(raw: bytes) -> Any:
 
 
 def _retry_or_raise(failures: int, plan: ChunkPlan, done: int, end: int,
-                   err: BaseException) -> None:
+                    failed: _ChunkFailed) -> None:
     """Log a failed chunk that will be retried, or raise once the retries are used up."""
-    cause = worker_message(err)
     if failures > plan.max_retries:
         raise TrainingError(
             f"XGBoost training failed on the executors: gave up after {failures} failed "
             f"attempt(s) (maxRetries={plan.max_retries}); the last one boosted rounds "
             f"{done + 1}-{end} of run {plan.run_id!r}, whose checkpoints stay in "
-            f"{plan.location}. The last failure: {cause}") from err
+            f"{plan.location}. The last failure: {failed}") from failed.__cause__
     _LOG.warning("XGBoost rounds %d-%d failed (retry %d of maxRetries=%d); resuming from the "
                  "newest checkpoint. The failure: %s", done + 1, end, failures,
-                 plan.max_retries, _last_line(cause))
+                 plan.max_retries, _last_line(str(failed)))
+
+
+# -- root cause of a failed chunk ------------------------------------------------------------
+@contextlib.contextmanager
+def _job_group(sc: Any, description: str) -> Iterator[str]:
+    """Run the enclosed Spark jobs in a new job group; restore the caller's group after."""
+    saved = [sc.getLocalProperty(key) for key in _JOB_PROPERTIES]
+    group = f"sparkdist-xgboost-{uuid.uuid4().hex[:12]}"
+    sc.setJobGroup(group, description)
+    try:
+        yield group
+    finally:
+        for key, value in zip(_JOB_PROPERTIES, saved):
+            sc.setLocalProperty(key, value)
+
+
+def _root_cause(sc: Any, group: str, err: BaseException) -> str:
+    """The failure that started it: the first failed task of the group's failed jobs whose
+    error is not xgboost's collective reporting a lost peer; else the job's own error."""
+    try:
+        failures = _failed_tasks(sc, group)
+    except (Py4JError, AttributeError) as lookup:  # the status store is Spark-internal
+        _LOG.debug("no task failures from Spark's status store: %s", lookup)
+        failures = []
+    own = [message for message in failures if _PEER_LOSS not in message]
+    return _head((own or failures or [str(err)])[0])
+
+
+def _failed_tasks(sc: Any, group: str, wait_s: float = 5.0) -> list[str]:
+    """Error messages of the failed tasks in the group's failed jobs, first to end first.
+    Spark's status store is updated asynchronously: waits (at most ``wait_s``) until the
+    group's jobs and their failed stages' tasks are no longer running."""
+    tracker, store = sc.statusTracker(), sc._jsc.sc().statusStore()
+    deadline = time.monotonic() + wait_s
+    jobs = _settled(lambda: [tracker.getJobInfo(job) for job in tracker.getJobIdsForGroup(group)],
+                    lambda infos: all(info is None or info.status != "RUNNING"
+                                      for info in infos),
+                    deadline)
+    ended: list[tuple[int, str]] = []
+    for stage_id in (stage for job in jobs if job and job.status == "FAILED"
+                     for stage in job.stageIds):
+        stage = tracker.getStageInfo(stage_id)
+        if stage is None or not stage.numFailedTasks:
+            continue
+        ended += [(task.launchTime().getTime() + _option(task.duration(), 0),
+                   _option(task.errorMessage(), ""))
+                  for task in _stage_tasks(store, stage, deadline) if task.status() == "FAILED"]
+    return [message for _, message in sorted(ended) if message]
+
+
+def _stage_tasks(store: Any, stage: Any, deadline: float) -> list[Any]:
+    """The tasks (JVM TaskData) of a stage attempt, once none of them is running."""
+    def fetch() -> list[Any]:
+        tasks = store.taskList(stage.stageId, stage.currentAttemptId, stage.numTasks)
+        return [tasks.apply(i) for i in range(tasks.size())]
+
+    return _settled(fetch, lambda found: all(task.status() != "RUNNING" for task in found),
+                    deadline)
+
+
+def _settled(fetch: Callable[[], list[Any]], ready: Callable[[list[Any]], bool],
+             deadline: float) -> list[Any]:
+    """``fetch()`` again every 0.1 s until ``ready`` holds for it or the deadline passes."""
+    while True:
+        found = fetch()
+        if ready(found) or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)
+
+
+def _option(value: Any, default: Any) -> Any:
+    """A Scala Option's value, or ``default``."""
+    return value.get() if value.isDefined() else default
+
+
+def _head(message: str, limit: int = 3000) -> str:
+    """A failure message before its JVM stack, capped (as barrier.worker_message does)."""
+    text = message.split("\n\tat ", 1)[0].strip()
+    return text if len(text) <= limit else "..." + text[-limit:]
 
 
 def _last_line(message: str) -> str:
-    """The last informative line of a failed job's message (the exception, for a traceback)."""
+    """The last informative line of a failure message (the exception, for a traceback)."""
     lines = [line.strip() for line in message.splitlines()
              if line.strip() and not line.strip().startswith("SQLSTATE")]
     return lines[-1] if lines else message

@@ -101,6 +101,7 @@ def test_retries_are_bounded_and_the_last_cause_reaches_the_user(data, tmp_path)
     message = str(caught.value)
     assert "gave up after 2 failed attempt(s) (maxRetries=1)" in message
     assert "injected fault 2: rank 1, epoch 1, step 0" in message
+    assert "/collective/" not in message  # rank 0 only lost its peer: not the root cause
     assert not (tmp_path / "fired-3.pid").exists()  # no third attempt ran
 
 
