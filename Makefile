@@ -46,13 +46,12 @@ demo: setup
 test: setup $(HVD_STAMP)
 	$(PY) -m pytest -q --durations=15
 
+# Every benchmark, then bench/results/latest.{json,md,png} (about 12 minutes on 2 cores).
 bench: setup
-	$(PY) bench/split_assembly.py
-	$(PY) bench/classical.py
-	$(PY) bench/deep.py
+	$(PY) bench/report.py
 
 lint: setup
-	$(PY) -m ruff check sparkdist tests jobs bench
+	$(PY) -m ruff check sparkdist tests jobs bench notebooks
 	$(PY) -m mypy sparkdist
 
 data: setup

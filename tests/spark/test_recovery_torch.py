@@ -98,10 +98,11 @@ def test_a_peer_that_never_arrives_ends_within_the_rendezvous_timeout(data, tmp_
     estimator = inject_fault(
         TorchEstimator(epochs=1, maxRetries=0, **{**SETTINGS, "rendezvousTimeoutSeconds": 8}),
         str(tmp_path), rank=1, epoch=0, kind="hang", times=4)
-    started = time.monotonic()
     with pytest.raises(TrainingError, match="reached the rendezvous within 8 s"):
         estimator.fit(data)
-    assert time.monotonic() - started < 8 + 5 + 3  # + the data checks before the launch
+    # From the moment rank 1 hung (its marker file: the data checks before the launch and
+    # the task start do not count) to the error on the driver.
+    assert time.time() - marker.stat().st_mtime < 8 + 5
     pid = int(marker.read_text())
     deadline = time.monotonic() + 15
     while _alive(pid) and time.monotonic() < deadline:

@@ -1,0 +1,142 @@
+"""Run every benchmark in bench/ and write the report: ``bench/results/latest.json`` (all
+figures plus the comparison table), ``latest.md`` (the table, as the README shows it) and
+``latest.png`` (one chart: each ratio against its target).
+
+Each benchmark runs as its own process (its own SparkSession) and prints one JSON line; a
+ratio is always measured against a reference run in the same process, on the same data, so
+the figures compare tools rather than machines.
+
+    python bench/report.py [--only deep,recovery]      # what `make bench` runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+RESULTS = BENCH / "results"
+SCRIPTS = ("split_assembly", "classical", "deep", "recovery")
+
+
+def run(name: str) -> dict[str, Any]:
+    """The JSON line the benchmark printed last."""
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, str(BENCH / f"{name}.py")], capture_output=True,
+                          text=True, env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1",
+                                          "GLOO_SOCKET_IFNAME": "lo"})
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode or not lines:
+        raise SystemExit(f"bench/{name}.py failed (exit {done.returncode}):\n"
+                         f"{done.stderr[-3000:]}")
+    print(f"bench/{name}.py: {time.monotonic() - started:.0f} s", file=sys.stderr)
+    return json.loads(lines[-1])
+
+
+def table(figures: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per comparison: what, sparkdist's figure, the reference's, ratio, target."""
+    rows: list[dict[str, Any]] = []
+
+    def row(what: str, ours: Any, reference: Any, ratio: float, target: str,
+            unit: str = "s") -> None:
+        rows.append({"comparison": what, "sparkdist": ours, "reference": reference,
+                     "unit": unit, "ratio": ratio, "target": target})
+
+    if "split_assembly" in figures:
+        f = figures["split_assembly"]
+        row(f"FeatureAssembler + split vs VectorAssembler + randomSplit ({f['rows']:,} rows)",
+            f["sparkdist_s"], f["reference_s"], f["time_ratio"], "-")
+    if "classical" in figures:
+        f = figures["classical"]
+        for key, what in (("logistic_regression", "LogisticRegression vs MLlib"),
+                          ("random_forest", "RandomForestClassifier vs MLlib"),
+                          ("xgboost", "XGBoostClassifier vs xgboost.spark"),
+                          ("als", "ALS vs MLlib")):
+            row(f"{what}, fit time", f[key]["sparkdist_s"], f[key]["wrapped_s"],
+                f[key]["ratio"], "<= 1.05")
+        single = f["xgboost_2_workers_vs_single_process"]
+        row("XGBoost on 2 Spark workers vs single-process xgboost, fit time",
+            single["distributed_s"], single["single_s"], single["time_ratio"], "-")
+    if "deep" in figures:
+        f = figures["deep"]
+        feed, scaling, overhead = f["feed"], f["scaling"], f["overhead"]
+        row("TorchEstimator feed vs bare barrier mapInArrow, rows/s (first epoch)",
+            feed["loop_rows_per_s_first_epoch"], feed["bare_rows_per_s"], feed["ratio"],
+            ">= 0.8", "rows/s")
+        row("TorchEstimator 2 workers vs 1, samples/s (machine ceiling "
+            f"{scaling['machine_ceiling']})", scaling["workers_2"]["samples_per_s"],
+            scaling["workers_1"]["samples_per_s"], scaling["speedup"], ">= 1.7", "samples/s")
+        row("TorchEstimator 1-step fit vs TorchDistributor.run", overhead["sparkdist_s"],
+            overhead["torch_distributor_s"], overhead["ratio"], "<= 0.5")
+        row("Spark barrier syncs per fit", f["barrier_syncs"]["per_fit"],
+            overhead["torch_distributor_barrier_syncs"], f["barrier_syncs"]["per_fit"],
+            "<= 2", "syncs")
+    if "recovery" in figures:
+        f = figures["recovery"]
+        row("Recovery: fit with one killed worker minus clean fit, vs one checkpoint interval",
+            f["kill"]["overhead_s"], f["interval_s"], f["kill"]["ratio"], "-")
+    return rows
+
+
+def markdown(rows: list[dict[str, Any]], machine: str) -> str:
+    lines = [f"Measured by `make bench` on {machine}.", "",
+             "| comparison | sparkdist | reference | ratio | target |", "|---|---:|---:|---:|---|"]
+    lines += [f"| {r['comparison']} | {r['sparkdist']:,} {r['unit']} | {r['reference']:,} "
+              f"{r['unit']} | {r['ratio']} | {r['target']} |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def chart(rows: list[dict[str, Any]], path: Path) -> None:
+    """Horizontal bars of the ratios; a tick marks each target."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 0.5 * len(rows) + 1.5))
+    labels = [r["comparison"] for r in rows][::-1]
+    ratios = [float(r["ratio"]) for r in rows][::-1]
+    ax.barh(labels, ratios, color="#4c72b0")
+    for y, r in enumerate(rows[::-1]):
+        if r["target"] != "-":
+            target = float(r["target"].split()[-1])
+            ax.plot([target, target], [y - 0.4, y + 0.4], color="#c44e52", linewidth=2)
+        ax.text(float(r["ratio"]), y, f" {r['ratio']}", va="center", fontsize=8)
+    ax.axvline(1.0, color="grey", linewidth=0.8, linestyle="--")
+    ax.set_xlabel("ratio (sparkdist / reference; red tick: target)")
+    ax.tick_params(axis="y", labelsize=8)
+    ax.set_title("sparkdist against the tools it replaces (same run, same data)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--only", help="comma-separated subset of " + ",".join(SCRIPTS))
+    args = parser.parse_args()
+    names = args.only.split(",") if args.only else list(SCRIPTS)
+    started = time.monotonic()
+    figures = {name: run(name) for name in names}
+    machine = (f"{os.cpu_count()} cores, Python {platform.python_version()}, "
+               f"{platform.system()} {platform.machine()}, Spark local[2], no GPU")
+    rows = table(figures)
+    RESULTS.mkdir(exist_ok=True)
+    report = {"machine": machine, "seconds": round(time.monotonic() - started, 1),
+              "table": rows, "benchmarks": figures}
+    (RESULTS / "latest.json").write_text(json.dumps(report, indent=1) + "\n")
+    (RESULTS / "latest.md").write_text(markdown(rows, machine))
+    chart(rows, RESULTS / "latest.png")
+    print(markdown(rows, machine))
+    print(f"total {report['seconds']} s; written: bench/results/latest.{{json,md,png}}")
+
+
+if __name__ == "__main__":
+    main()
