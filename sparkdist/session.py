@@ -1,11 +1,14 @@
-"""The SparkSession sparkdist works in: the active one, or a local one with sane defaults."""
+"""The SparkSession sparkdist works in: the active one, a local one with sane defaults, or a
+Spark Connect session (``remote=`` or ``$SPARK_REMOTE``)."""
 
 from __future__ import annotations
 
 import os
 import sys
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from sparkdist.exceptions import ClusterConfigError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -14,6 +17,10 @@ if TYPE_CHECKING:
 ENV_MASTER = "SPARKDIST_MASTER"
 ENV_LOG_LEVEL = "SPARKDIST_LOG_LEVEL"
 ENV_CONF_PREFIX = "SPARKDIST_CONF_"  # SPARKDIST_CONF_spark__executor__memory=2g
+ENV_REMOTE = "SPARK_REMOTE"  # pyspark's own variable: sc://host:port, or local[N]
+ENV_CONNECT_TIMEOUT = "SPARKDIST_CONNECT_TIMEOUT_S"
+#: How long :func:`get_spark` waits for a Spark Connect server to answer before giving up.
+CONNECT_TIMEOUT_S = 10.0
 
 
 def get_spark(
@@ -21,8 +28,9 @@ def get_spark(
     app_name: str = "sparkdist",
     conf: Mapping[str, str] | None = None,
     log_level: str | None = None,
+    remote: str | None = None,
 ) -> SparkSession:
-    """Return the active SparkSession, or build a local one.
+    """Return the active SparkSession, or build a local one, or connect to a Connect server.
 
     On Databricks, in a spark-submit job or in a notebook that already has ``spark``,
     the active session is returned untouched. Otherwise a session is built on ``master``
@@ -30,15 +38,28 @@ def get_spark(
     driver bound to 127.0.0.1 in local modes, shuffle partitions sized to the cores and
     WARN logs. ``conf`` and ``SPARKDIST_CONF_<key with '.' written '__'>`` add Spark conf.
 
+    ``remote`` (else ``$SPARK_REMOTE``, pyspark's own variable) asks for a Spark Connect
+    session instead: ``sc://host:15002`` connects to a running server (checked within
+    ``$SPARKDIST_CONNECT_TIMEOUT_S``, default 10 s), ``local[2]`` starts a local one. Needs
+    the ``connect`` extra (``pip install sparkdist[connect]``).
+
+    Raises
+    ------
+    ClusterConfigError : the Connect server does not answer, or the extra is missing.
+
     Examples
     --------
     >>> spark = get_spark(master="local[2]", conf={"spark.ui.enabled": "false"})
+    >>> remote = get_spark(remote="sc://localhost:15002")
     """
     from pyspark.sql import SparkSession
 
+    remote = remote or (os.environ.get(ENV_REMOTE) if master is None else None)
     active = SparkSession.getActiveSession()
-    if active is not None and master is None:
+    if active is not None and (is_connect(active) or (master is None and remote is None)):
         return active
+    if remote:
+        return _connect(remote, app_name, conf)
     master = master or os.environ.get(ENV_MASTER, "local[*]")
     settings = {**_default_conf(master), **_env_conf(), **dict(conf or {})}
     builder = SparkSession.builder.master(master).appName(app_name)
@@ -47,6 +68,82 @@ def get_spark(
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(log_level or os.environ.get(ENV_LOG_LEVEL, "WARN"))
     return spark
+
+
+def is_connect(spark: Any) -> bool:
+    """Whether ``spark`` (a SparkSession, or a DataFrame) is a Spark Connect one: no
+    SparkContext, no RDDs, no JVM handles on this side. Imports nothing.
+
+    Examples
+    --------
+    >>> is_connect(get_spark(master="local[2]"))
+    False
+    """
+    session = getattr(spark, "sparkSession", spark)
+    return type(session).__module__.startswith("pyspark.sql.connect")
+
+
+def require_classic(spark: Any, feature: str, fix: str) -> None:
+    """Raise :class:`ClusterConfigError` when ``spark`` is a Spark Connect session:
+    ``feature`` needs a SparkContext, which Connect clients do not have."""
+    if is_connect(spark):
+        raise ClusterConfigError(
+            f"{feature} needs a SparkContext, which a Spark Connect session does not have; "
+            f"{fix}")
+
+
+def _connect(remote: str, app_name: str, conf: Mapping[str, str] | None) -> SparkSession:
+    """A Spark Connect session on ``remote``: a reachable ``sc://`` server, or ``local[N]``
+    (pyspark starts a local server in this process, with sparkdist's local defaults)."""
+    try:
+        from pyspark.sql.connect.client import DefaultChannelBuilder  # needs grpcio
+    except ImportError as err:
+        raise ClusterConfigError(
+            f"Spark Connect ({remote!r}) needs pyspark's connect extra ({err}); install it "
+            "with `pip install sparkdist[connect]` (or pyspark[connect]).") from err
+    from pyspark.sql import SparkSession
+
+    local = remote.startswith("local")
+    if not local:
+        _probe(DefaultChannelBuilder, remote)
+    settings = {**(_default_conf(remote) if local else {}), **_env_conf(), **dict(conf or {})}
+    builder = SparkSession.builder.remote(remote).appName(app_name)
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
+def _probe(channel_builder: Any, url: str) -> None:
+    """Fail fast, naming ``url``, when no Spark Connect server answers there: pyspark's own
+    client retries an unreachable server for about ten minutes before it reports it."""
+    import socket
+
+    import grpc
+
+    timeout = float(os.environ.get(ENV_CONNECT_TIMEOUT, CONNECT_TIMEOUT_S))
+    try:
+        builder = channel_builder(url)
+        host, port = builder.host, int(builder.endpoint.rsplit(":", 1)[1])
+    except Exception as err:  # a malformed URL
+        raise ClusterConfigError(
+            f"Spark Connect URL {url!r} is not valid ({err}); write it as "
+            "sc://host:port[/;param=value], e.g. sc://localhost:15002.") from err
+    fix = (f"start a Spark Connect server there ($SPARK_HOME/sbin/start-connect-server.sh) "
+           f"or fix the host/port in remote= or ${ENV_REMOTE}")
+    try:  # a closed port or an unknown host fails at once, with the reason
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as err:
+        raise ClusterConfigError(
+            f"cannot reach the Spark Connect server at {url} ({err}); {fix}.") from err
+    channel = builder.toChannel()
+    try:  # something listens: the gRPC (and TLS) handshake must complete too
+        grpc.channel_ready_future(channel).result(timeout=timeout)
+    except grpc.FutureTimeoutError as err:
+        raise ClusterConfigError(
+            f"no Spark Connect server answered at {url} within {timeout:.0f} s; {fix}, or "
+            f"raise ${ENV_CONNECT_TIMEOUT}.") from err
+    finally:
+        channel.close()
 
 
 def _default_conf(master: str) -> dict[str, str]:

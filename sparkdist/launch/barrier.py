@@ -10,9 +10,18 @@
 - Rendezvous is one ``allGather`` per attempt (about 1 s each): rank 0 reserves free ports on
   its own host and every task learns them. Nothing else uses Spark's barrier calls.
 - Every wait is bounded: the rendezvous (on the executors), the collectives (the backend's
-  own timeout, from ``collective_timeout_s``) and the whole job (cancelled on the driver).
+  own timeout, from ``collective_timeout_s``) and the whole job (cancelled on the driver:
+  its job group on classic Spark, its session tag, ``spark.interruptTag``, on Spark Connect;
+  classic ``interruptTag`` only sees the tags of the calling thread, so a timer cannot use it).
 - Rank 0 may send progress records (small dicts) to the driver while the stage runs, over a
   socket the driver listens on; ``on_report`` receives them in a driver thread.
+- Spark Connect: the stage is launched with DataFrame calls only (no SparkContext, no RDD).
+  The executors can reach the client only when the Connect server and its executors run on
+  the client's host (``local[...]`` masters): then progress and failure reports work as on
+  classic Spark; elsewhere there is no report channel (``on_report`` is not called).
+  ``max_retries`` is enforced from the ranks' failure reports there (the status tracker is
+  classic-only), so on a remote Connect server only Spark's own
+  ``spark.stage.maxConsecutiveAttempts`` bounds the retries.
 - Results travel as bytes and are never unpickled on the driver; a failure becomes a
   :class:`TrainingError` carrying the failed worker's message and output tail.
 """
@@ -37,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sparkdist.exceptions import TrainingError
+from sparkdist.session import is_connect
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -45,6 +55,7 @@ if TYPE_CHECKING:
 _LOG = logging.getLogger(__name__)
 _CHUNK = 64 << 20  # result bytes per output row, far below Arrow's 2 GiB cell limit
 _RESULT_SCHEMA = "part INT, payload BINARY"
+_LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 #: Counted by tests and bench: the Spark barrier syncs a fit makes (the rendezvous only).
 SYNC_LOG_PREFIX = "sparkdist barrier sync"
 
@@ -81,6 +92,7 @@ class WorkerContext:
         self.gpus: tuple[str, ...] = _gpu_addresses(task)
         self._tail: collections.deque[str] = collections.deque(maxlen=40)
         self._report_socket: socket.socket | None = None
+        self._failure_reported = False
         self.scratch = tempfile.mkdtemp(prefix=f"sparkdist-rank{self.rank}-")
         #: Names this stage attempt in failure reports: the lowest task id of the attempt once
         #: the rendezvous told it, this task's id before (ids of a retry are all higher).
@@ -126,11 +138,22 @@ class WorkerContext:
             self.settings = BarrierSettings(**{**self.settings.__dict__,
                                                "report_address": None})
 
+    def failure_message(self, err: BaseException) -> str:
+        """What the driver and the user see of this rank's failure: the error, where it was
+        raised, and the tail of this rank's output."""
+        where = traceback.extract_tb(err.__traceback__)[-1]
+        return (f"rank {self.rank} of {self.world_size} failed: {type(err).__name__}: {err} "
+                f"(at {where.filename}:{where.lineno})\n"
+                f"--- output tail of rank {self.rank} ---\n{self.tail()}")
+
     def report_failure(self, message: str) -> None:
-        """Tell the driver why this rank failed (any rank; best effort)."""
+        """Tell the driver why this rank failed (any rank, once; best effort). A worker may
+        report before its own cleanup, so that the root cause arrives before its peers'
+        reports of the lost connection."""
         address = self.settings.report_address
-        if address is None:
+        if address is None or self._failure_reported:
             return
+        self._failure_reported = True
         record = {"failure": message, "rank": self.rank,
                   "attempt": self.attempt_key, "world_size": self.world_size}
         with contextlib.suppress(OSError), \
@@ -179,29 +202,38 @@ def run_barrier(df: DataFrame, worker: Worker, args: dict[str, Any], num_workers
     >>> payload = run_barrier(df, my_worker, {"epochs": 3}, num_workers=2)
     """
     settings = settings or BarrierSettings()
-    sc = df.sparkSession.sparkContext
-    group = f"sparkdist-{uuid.uuid4().hex[:12]}"
-    attempts = _Attempts(max_retries, lambda: sc.cancelJobGroup(group))
+    spark = df.sparkSession
+    tag = f"sparkdist-{uuid.uuid4().hex[:12]}"  # the job group (classic) or tag (Connect)
+    attempts = _Attempts(max_retries, functools.partial(_cancel, spark, tag))
     with _report_server(df, on_report, attempts) as address:
+        if address is None and is_connect(spark) and max_retries is not None:
+            _LOG.warning("%s: the executors cannot reach this Spark Connect client, so "
+                         "maxRetries=%s is not enforced; spark.stage.maxConsecutiveAttempts "
+                         "on the server bounds the retries.", description, max_retries)
         task_settings = BarrierSettings(**{**settings.__dict__, "report_address": address})
         task = functools.partial(_barrier_task, worker, args, task_settings)
         stage = (_with_partitions(df, num_workers)
                  .mapInArrow(task, _RESULT_SCHEMA, barrier=True)
                  .repartition(1))  # a shuffle after the barrier stage: Spark retries it
-        rows = _collect(stage, group, description, timeout_s, attempts)
+        rows = _collect(stage, tag, description, timeout_s, attempts)
     if not rows:
         raise TrainingError("the barrier stage finished but rank 0 returned no result.")
     return b"".join(row["payload"] for row in sorted(rows, key=lambda row: row["part"]))
 
 
 class _Attempts:
-    """Watches the stage attempts of the job group and cancels the job once ``max_retries``
-    retries have failed too; keeps the last failure a rank reported, for the error."""
+    """Counts the failed attempts of the training stage and cancels the job once
+    ``max_retries`` retries have failed too; keeps each attempt's root cause for the error.
+
+    The ranks' failure reports count the attempts as they fail (:meth:`record`). On classic
+    Spark the status tracker is watched as well (:meth:`watch`), for attempts whose ranks all
+    died without a word (SIGKILL); Spark Connect has no status tracker."""
 
     def __init__(self, max_retries: int | None, cancel: Callable[[], None]) -> None:
         self.max_retries, self.cancel = max_retries, cancel
         self.last: str | None = None
         self._attempt = -1
+        self._failed = 0
         self.gave_up = False
 
     def record(self, record: dict[str, Any]) -> None:
@@ -209,21 +241,33 @@ class _Attempts:
         that fail after it only report losing their peer. The task ids of one attempt lie
         within ``world_size`` of each other; a retry's are all higher."""
         attempt = int(record.get("attempt", 0))
-        if self.last is None or attempt - self._attempt >= int(record.get("world_size", 1)):
-            self.last, self._attempt = str(record["failure"]), attempt
+        if self.last is not None and attempt - self._attempt < int(record.get("world_size", 1)):
+            self._attempt = min(self._attempt, attempt)  # the same attempt: keep its lowest id
+            return
+        self.last, self._attempt = str(record["failure"]), attempt
+        self._failed += 1
+        if self.max_retries is not None and self._failed > self.max_retries:
+            self.give_up()
+
+    def give_up(self) -> None:
+        if not self.gave_up:
+            self.gave_up = True
+            self.cancel()
 
     def watch(self, sc: Any, group: str, stop: threading.Event) -> None:
         """Poll Spark's status tracker: attempt ``max_retries + 1`` of a stage means every
-        allowed attempt before it failed."""
-        while self.max_retries is not None and not stop.wait(0.5):
-            tracker = sc.statusTracker()
-            stages = [stage for job in tracker.getJobIdsForGroup(group)
-                      for stage in (tracker.getJobInfo(job) or _NO_JOB).stageIds]
-            infos = [tracker.getStageInfo(stage) for stage in stages]
+        allowed attempt before it failed. Classic Spark only (``sc`` is its SparkContext)."""
+        while self.max_retries is not None and not stop.wait(0.5) and not self.gave_up:
+            try:
+                tracker = sc.statusTracker()
+                stages = [stage for job in tracker.getJobIdsForGroup(group)
+                          for stage in (tracker.getJobInfo(job) or _NO_JOB).stageIds]
+                infos = [tracker.getStageInfo(stage) for stage in stages]
+            except Exception as err:  # a py4j hiccup must not end the watch
+                _LOG.debug("status tracker poll failed: %s", err)
+                continue
             if any(info and info.currentAttemptId > self.max_retries for info in infos):
-                self.gave_up = True
-                self.cancel()
-                return
+                self.give_up()
 
     def error(self, description: str) -> TrainingError:
         return TrainingError(f"{description}: gave up after {self.max_retries + 1} failed "
@@ -256,10 +300,7 @@ def _barrier_task(worker: Worker, args: dict[str, Any], settings: BarrierSetting
     try:
         result = worker(context, batches, args)
     except Exception as err:
-        where = traceback.extract_tb(err.__traceback__)[-1]
-        message = (f"rank {context.rank} of {context.world_size} failed: "
-                   f"{type(err).__name__}: {err} (at {where.filename}:{where.lineno})\n"
-                   f"--- output tail of rank {context.rank} ---\n{context.tail()}")
+        message = context.failure_message(err)
         context.report_failure(message)
         raise TrainingError(message) from err
     finally:
@@ -320,9 +361,11 @@ def _with_partitions(df: DataFrame, num_workers: int) -> DataFrame:
 def _barrier_ready(df: DataFrame, num_workers: int) -> bool:
     """Whether every RDD of the stage that would run has ``num_workers`` partitions: Spark's
     own barrier check, walked back to the previous shuffle (False on Spark Connect)."""
+    if is_connect(df):  # no JVM handle to ask: one shuffle more, never a refused stage
+        return False
     try:
         pending = [df._jdf.queryExecution().toRdd()]
-    except Exception:  # Spark Connect: no JVM handle
+    except Exception:  # a session without the JVM internals this walk uses
         return False
     while pending:
         rdd = pending.pop()
@@ -336,21 +379,29 @@ def _barrier_ready(df: DataFrame, num_workers: int) -> bool:
     return True
 
 
-def _collect(stage: DataFrame, group: str, description: str, timeout_s: float | None,
+def _collect(stage: DataFrame, tag: str, description: str, timeout_s: float | None,
              attempts: _Attempts) -> list[Any]:
+    """Collect the stage in the job group (classic) or under the session tag (Connect)
+    ``tag``, which the timeout and the retry watcher cancel (:func:`_cancel`)."""
     from py4j.protocol import Py4JJavaError
     from pyspark.errors import PySparkException
 
-    sc = stage.sparkSession.sparkContext
-    sc.setJobGroup(group, description, interruptOnCancel=True)
-    timer = threading.Timer(timeout_s, sc.cancelJobGroup, [group]) if timeout_s else None
+    spark = stage.sparkSession
+    sc = None if is_connect(spark) else spark.sparkContext
+    if sc is None:
+        spark.addTag(tag)
+    else:  # also the group the status tracker is asked for, and the UI description
+        sc.setJobGroup(tag, description, interruptOnCancel=True)
+    timer = threading.Timer(timeout_s, _cancel, [spark, tag]) if timeout_s else None
     stop = threading.Event()
-    watcher = threading.Thread(target=attempts.watch, args=(sc, group, stop), daemon=True)
+    watcher = (threading.Thread(target=attempts.watch, args=(sc, tag, stop), daemon=True)
+               if sc is not None else None)
     started = time.monotonic()
     try:
         if timer:
             timer.start()
-        watcher.start()
+        if watcher:
+            watcher.start()
         return stage.collect()
     except (Py4JJavaError, PySparkException) as err:
         if attempts.gave_up:
@@ -365,8 +416,23 @@ def _collect(stage: DataFrame, group: str, description: str, timeout_s: float | 
         stop.set()
         if timer:
             timer.cancel()
-        sc.setLocalProperty("spark.jobGroup.id", None)
-        sc.setLocalProperty("spark.job.description", None)
+        if sc is None:
+            spark.removeTag(tag)
+        else:
+            sc.setLocalProperty("spark.jobGroup.id", None)
+            sc.setLocalProperty("spark.job.description", None)
+
+
+def _cancel(spark: Any, tag: str) -> None:
+    """Cancel the job group ``tag`` (classic) or the operations tagged ``tag`` (Connect);
+    never raises in the timer or watcher thread (the collect reports the cancellation)."""
+    try:
+        if is_connect(spark):
+            spark.interruptTag(tag)
+        else:
+            spark.sparkContext.cancelJobGroup(tag)
+    except Exception as err:
+        _LOG.warning("could not cancel the sparkdist jobs %s: %s", tag, err)
 
 
 @contextlib.contextmanager
@@ -421,7 +487,23 @@ def _read_reports(connection: socket.socket, dispatch: Callable[[dict[str, Any]]
 
 
 def _driver_host(df: DataFrame) -> str | None:
+    """Where the executors can reach this process: the driver host (classic); on Spark
+    Connect, loopback when the server and its executors run on this host, else None."""
+    spark = df.sparkSession
+    if is_connect(spark):
+        return "127.0.0.1" if _connect_is_local(spark) else None
     try:
-        return df.sparkSession.conf.get("spark.driver.host")
+        return spark.conf.get("spark.driver.host")
     except Exception:
         return None
+
+
+def _connect_is_local(spark: Any) -> bool:
+    """A Connect server on a loopback address with a local master (local[N] or
+    local-cluster): its executors run on this host and reach this client on loopback."""
+    try:
+        host = spark.client.host
+        master = spark.conf.get("spark.master", "") or ""
+    except Exception:
+        return False
+    return host in _LOOPBACK_HOSTS and master.startswith("local")

@@ -53,8 +53,9 @@ from pyspark.sql.types import (
 )
 
 from sparkdist.columns import require_columns, suggest
-from sparkdist.exceptions import ParamError, SchemaError
+from sparkdist.exceptions import ClusterConfigError, ParamError, SchemaError
 from sparkdist.models._mllib import MLLIB_DIR, MLlibEstimator, MLlibModel
+from sparkdist.session import is_connect
 
 __all__ = ["ALS", "ALSModel", "ensure_checkpoint_dir"]
 
@@ -180,9 +181,9 @@ class ALS(MLlibEstimator, _ALSParams):
         # The base template, except that the id mappings built while preparing the input
         # also go into the model.
         self._validate(dataset)
-        users, items = _index_ids(dataset, [self.getUserCol(), self.getItemCol()])
-        if self.getCheckpointInterval() >= 1:
+        if self.getCheckpointInterval() >= 1:  # first: on Spark Connect it may refuse
             ensure_checkpoint_dir(dataset.sparkSession)
+        users, items = _index_ids(dataset, [self.getUserCol(), self.getItemCol()])
         inner = self._fit_mllib(self._indexed_ratings(dataset, users, items),
                                 userCol=_U, itemCol=_I, ratingCol=_R)
         model = ALSModel(inner, users, items)
@@ -591,20 +592,17 @@ def ensure_checkpoint_dir(spark: SparkSession) -> str | None:
 
     MLlib ALS silently ignores ``checkpointInterval`` without a checkpoint directory, and long
     runs then fail with stack overflows from their lineage. Logs a warning (once) when it sets
-    one. Under Spark Connect there is no SparkContext to ask: warns and returns None.
+    one. Under Spark Connect there is no SparkContext to set one on: the server's
+    ``spark.checkpoint.dir`` is returned, and without it :class:`ClusterConfigError` says so.
 
     Examples
     --------
     >>> ensure_checkpoint_dir(spark)
     'file:/tmp/sparkdist-checkpoints-k2j3/1b6f...'
     """
-    try:
-        sc = spark.sparkContext
-    except (AttributeError, NotImplementedError):  # Spark Connect: no SparkContext here
-        _log_once("sparkdist cannot check the checkpoint directory without a SparkContext "
-                  "(Spark Connect), so ALS checkpointing is off unless the server sets "
-                  "one; set checkpointInterval=-1 to silence this.")
-        return None
+    if is_connect(spark):
+        return _connect_checkpoint_dir(spark)
+    sc = spark.sparkContext
     if sc.getCheckpointDir() is None:
         directory = _default_checkpoint_dir(sc.master, sc.applicationId)
         sc.setCheckpointDir(directory)
@@ -613,6 +611,23 @@ def ensure_checkpoint_dir(spark: SparkSession) -> str | None:
                   "spark.sparkContext.setCheckpointDir(path) before fitting (or set "
                   "checkpointInterval=-1 to turn checkpointing off).")
     return sc.getCheckpointDir()
+
+
+def _connect_checkpoint_dir(spark: SparkSession) -> str:
+    """The Connect server's ``spark.checkpoint.dir``: a client cannot set one (no
+    SparkContext), and without one ALS would silently skip its checkpoints."""
+    try:
+        directory = spark.conf.get("spark.checkpoint.dir", None)
+    except Exception:  # a server that refuses to show the key
+        directory = None
+    if not directory:
+        raise ClusterConfigError(
+            "ALS checkpointing (checkpointInterval >= 1) needs a Spark checkpoint directory, "
+            "and a Spark Connect client cannot set one (SparkContext.setCheckpointDir does "
+            "not exist on Connect); start the Connect server with "
+            "--conf spark.checkpoint.dir=<a path every executor can reach>, or set "
+            "checkpointInterval=-1 to fit without checkpoints.")
+    return str(directory)
 
 
 def _default_checkpoint_dir(master: str, app_id: str) -> str:

@@ -74,9 +74,13 @@ from sparkdist.launch.barrier import worker_message
 from sparkdist.launch.preflight import check_num_workers
 from sparkdist.models._recovery import HasRecovery
 from sparkdist.persist import ParamsPersistence, PersistentModel
+from sparkdist.session import require_classic
 
 BOOSTER_FILE = "booster.ubj"
 BOOSTER_FORMAT = "ubj"
+_CONNECT_FIX = ("xgboost.spark drives its training and scoring through the SparkContext and "
+                "RDDs; fit and score XGBoost models on a classic SparkSession "
+                "(get_spark(master=...)).")
 INSTALL_HINT = 'XGBoost models need the xgboost package: pip install "sparkdist[xgboost]"'
 DEVICES = ("cpu", "cuda", "gpu")
 # Metadata keys written by xgboost.spark's own writer; its reader unpickles or loads them.
@@ -245,6 +249,7 @@ class _XGBoostEstimator(Estimator, HasRecovery, ParamsPersistence):
         return f"{type(self).__name__} has no parameter {name!r}. {hint}"
 
     def _fit(self, dataset: DataFrame) -> _XGBoostModel:
+        require_classic(dataset, f"{type(self).__name__}.fit (xgboost.spark)", _CONNECT_FIX)
         location, run_id = self._validate(dataset)
         if location is None:
             model = self._model_class(self._fit_once(dataset))
@@ -460,6 +465,8 @@ class _XGBoostModel(Model, PersistentModel):
         return self.xgboost_model.get_booster()
 
     def _transform(self, dataset: DataFrame) -> DataFrame:
+        require_classic(dataset, f"{type(self).__name__}.transform (xgboost.spark)",
+                        _CONNECT_FIX)
         require_columns(dataset.schema, [self.getOrDefault("featuresCol")], "featuresCol")
         _check_features_type(dataset.schema, self.getOrDefault("featuresCol"))
         return self.xgboost_model.transform(dataset)

@@ -138,10 +138,15 @@ def fit_worker(context: WorkerContext, batches: Any, args: dict[str, Any]) -> by
     context.log(f"device {plan.device}: {plan.reason}")
     device = gpus.apply(plan)  # the GPU Spark assigned; CUDA_VISIBLE_DEVICES for children
     backend = make_backend(args["backend"])
-    trip(args.get("fault"), context.rank, epoch=0)
-    backend.init(context, context.rendezvous(), device)
     try:
+        trip(args.get("fault"), context.rank, epoch=0)
+        backend.init(context, context.rendezvous(), device)
         return _Trainer(context, backend, device, args).run(train, validation)
+    except Exception as err:
+        # Before the shutdown below: the peers fail once this rank's links close, and the
+        # driver keeps the first failure it hears of an attempt as the root cause.
+        context.report_failure(context.failure_message(err))
+        raise
     finally:
         backend.shutdown()
         train.close()
