@@ -36,3 +36,16 @@ def churn_df(spark):
     from sparkdist.datasets import churn
 
     return churn(spark, n=10_000, seed=7, partitions=4).cache()
+
+
+@pytest.fixture(scope="session")
+def nonlinear(spark):
+    """(train, test): 4000 and 1000 rows of ``make_nonlinear`` in 2 cached partitions each,
+    shared by the TorchEstimator tests."""
+    from sparkdist.datasets import make_nonlinear
+
+    train = spark.createDataFrame(make_nonlinear(4000, 1)).repartition(2).cache()
+    test = spark.createDataFrame(make_nonlinear(1000, 2)).repartition(2).cache()
+    yield train, test
+    train.unpersist()
+    test.unpersist()

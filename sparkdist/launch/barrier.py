@@ -283,8 +283,9 @@ class _NoJob:
 _NO_JOB = _NoJob()
 
 
-def worker_message(err: BaseException, limit: int = 3000) -> str:
-    """The informative part of a failed job's message: before the JVM stack, capped."""
+def worker_message(err: BaseException | str, limit: int = 3000) -> str:
+    """The informative part of a failed job's (or task's) message: before the JVM stack,
+    capped."""
     text = str(err).split("\n\tat ", 1)[0].strip()
     return text if len(text) <= limit else "..." + text[-limit:]
 

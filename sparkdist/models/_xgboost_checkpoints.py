@@ -42,6 +42,7 @@ from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame
 
 from sparkdist.exceptions import ParamError, TrainingError
+from sparkdist.launch.barrier import worker_message
 from sparkdist.store import Checkpoints
 from sparkdist.testing import trip
 
@@ -229,7 +230,7 @@ def _root_cause(sc: Any, group: str, err: BaseException) -> str:
         _LOG.debug("no task failures from Spark's status store: %s", lookup)
         failures = []
     own = [message for message in failures if _PEER_LOSS not in message]
-    return _head((own or failures or [str(err)])[0])
+    return worker_message((own or failures or [str(err)])[0])
 
 
 def _failed_tasks(sc: Any, group: str, wait_s: float = 5.0) -> list[str]:
@@ -277,12 +278,6 @@ def _settled(fetch: Callable[[], list[Any]], ready: Callable[[list[Any]], bool],
 def _option(value: Any, default: Any) -> Any:
     """A Scala Option's value, or ``default``."""
     return value.get() if value.isDefined() else default
-
-
-def _head(message: str, limit: int = 3000) -> str:
-    """A failure message before its JVM stack, capped (as barrier.worker_message does)."""
-    text = message.split("\n\tat ", 1)[0].strip()
-    return text if len(text) <= limit else "..." + text[-limit:]
 
 
 def _last_line(message: str) -> str:

@@ -27,12 +27,8 @@ WEIGHT_TOLERANCE = 1e-5
 
 
 @pytest.fixture(scope="module")
-def data(spark):
-    train = spark.createDataFrame(make_nonlinear(4000, 1)).repartition(2).cache()
-    test = spark.createDataFrame(make_nonlinear(1000, 2)).repartition(2).cache()
-    yield train, test
-    train.unpersist()
-    test.unpersist()
+def data(nonlinear):
+    return nonlinear
 
 
 @pytest.mark.slow

@@ -20,7 +20,7 @@ from sparkdist.datasets import make_ratings, ratings
 from sparkdist.exceptions import ParamError, SchemaError
 from sparkdist.features import split
 from sparkdist.models import als as als_module
-from sparkdist.models.als import ALS, ALSModel, ensure_checkpoint_dir
+from sparkdist.models.als import ALS, ALSModel
 
 COLS = {"userCol": "user_id", "itemCol": "item_id", "ratingCol": "rating"}
 FAST = {"numUserBlocks": 2, "numItemBlocks": 2}  # MLlib's 10x10 blocks are slow on 2 cores
@@ -213,18 +213,6 @@ def test_checkpoint_dir_is_set_automatically(spark, small, caplog):
         assert "sparkdist-checkpoints-" in message and "setCheckpointDir" in message
     finally:
         _set_checkpoint_dir(sc, previous)
-
-
-def test_checkpoint_without_spark_context_warns(monkeypatch, caplog):
-    class ConnectLike:  # what a Spark Connect session raises for its missing SparkContext
-        @property
-        def sparkContext(self):
-            raise AttributeError("[JVM_ATTRIBUTE_NOT_SUPPORTED] sparkContext")
-
-    monkeypatch.setattr(als_module, "_LOGGED", set())
-    with caplog.at_level(logging.WARNING, logger="sparkdist.models.als"):
-        assert ensure_checkpoint_dir(ConnectLike()) is None
-    assert "checkpointing is off" in caplog.text
 
 
 # -- persistence, Pipeline, tuning -----------------------------------------------------------

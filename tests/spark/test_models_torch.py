@@ -14,7 +14,6 @@ from pyspark.ml import Pipeline
 from pyspark.ml.linalg import Vectors
 from pyspark.sql import functions as F
 
-from sparkdist.datasets import make_nonlinear
 from sparkdist.evaluation import evaluate
 from sparkdist.exceptions import ClusterConfigError, ParamError, SchemaError, TrainingError
 from sparkdist.models import TorchEstimator, TorchModel
@@ -28,12 +27,8 @@ FAST = {"progress": False, "batchSize": 128, "learningRate": 0.01,
 
 
 @pytest.fixture(scope="module")
-def data(spark):
-    train = spark.createDataFrame(make_nonlinear(4000, 1)).repartition(2).cache()
-    test = spark.createDataFrame(make_nonlinear(1000, 2)).repartition(2).cache()
-    yield train, test
-    train.unpersist()
-    test.unpersist()
+def data(nonlinear):
+    return nonlinear
 
 
 def _accuracy(model, df) -> float:
@@ -247,8 +242,6 @@ def test_batch_size_above_the_rows(tiny):
 def test_bad_params_name_the_param_and_the_fix(tiny):
     with pytest.raises(ParamError, match="Did you mean 'adam'"):
         TorchEstimator(optimizer="adma").fit(tiny)
-    with pytest.raises(ParamError, match="make horovod"):
-        TorchEstimator(backend="horovod").fit(tiny)
     with pytest.raises(ParamError, match="earlyStoppingPatience needs validation rows"):
         TorchEstimator(earlyStoppingPatience=2).fit(tiny)
     with pytest.raises(ParamError, match="epochs=0"):
