@@ -187,12 +187,17 @@ def scaling(spark: Any, capture: Capture, rows: int, epochs: int, syncs: list[di
             "samples_per_s": round(samples_per_s[workers])}
     df.unpersist()
     figures["speedup"] = round(samples_per_s[2] / samples_per_s[1], 3)
-    figures["machine_ceiling"] = machine_ceiling(64, hidden, batch, rows // batch)
+    ceiling, single = machine_ceiling(64, hidden, batch, rows // batch)
+    figures["machine_ceiling"] = ceiling
+    figures["single_process_samples_per_s"] = round(single)
+    figures["workers_1_vs_single_process"] = round(samples_per_s[1] / single, 3)
     figures["note"] = ("samples/s = rows / median epoch time on rank 0, epochs 2..N (epoch 1 "
                        "warms up); spark.task.cpus=1, so each worker trains on one thread. "
                        "machine_ceiling: the same steps in 2 independent processes (half the "
                        "batch each, no gradient exchange, no Spark) against 1, i.e. the most "
-                       "any data-parallel trainer could reach on this machine")
+                       "any data-parallel trainer could reach on this machine. "
+                       "single_process: the same steps as a plain torch loop on one thread, "
+                       "no Spark")
     return figures
 
 
@@ -219,8 +224,10 @@ def local_steps(input_dim: int, hidden: list[int], rows: int, steps: int) -> flo
     return min(timings[1:])
 
 
-def machine_ceiling(input_dim: int, hidden: list[int], batch: int, steps: int) -> float:
-    """Speedup of 2 independent single-thread processes (half batch each) over 1."""
+def machine_ceiling(input_dim: int, hidden: list[int], batch: int,
+                    steps: int) -> tuple[float, float]:
+    """Speedup of 2 independent single-thread processes (half batch each) over 1, and the
+    samples/s of the one (a plain single-process torch loop)."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
@@ -229,7 +236,7 @@ def machine_ceiling(input_dim: int, hidden: list[int], batch: int, steps: int) -
         one = pool.submit(local_steps, input_dim, hidden, batch, steps).result()
     with ProcessPoolExecutor(2, mp_context=spawn) as pool:
         two = max(pool.map(local_steps, *zip(*[(input_dim, hidden, batch // 2, steps)] * 2)))
-    return round(one / two, 3)
+    return round(one / two, 3), batch * steps / one
 
 
 # -------------------------------------------------------------------------------- (c) overhead

@@ -73,6 +73,10 @@ def table(figures: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         row("TorchEstimator 2 workers vs 1, samples/s (machine ceiling "
             f"{scaling['machine_ceiling']})", scaling["workers_2"]["samples_per_s"],
             scaling["workers_1"]["samples_per_s"], scaling["speedup"], ">= 1.7", "samples/s")
+        if "single_process_samples_per_s" in scaling:
+            row("TorchEstimator 1 worker vs a plain single-process torch loop, samples/s",
+                scaling["workers_1"]["samples_per_s"], scaling["single_process_samples_per_s"],
+                scaling["workers_1_vs_single_process"], "-", "samples/s")
         row("TorchEstimator 1-step fit vs TorchDistributor.run", overhead["sparkdist_s"],
             overhead["torch_distributor_s"], overhead["ratio"], "<= 0.5")
         row("Spark barrier syncs per fit", f["barrier_syncs"]["per_fit"],
