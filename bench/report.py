@@ -114,7 +114,8 @@ def chart(rows: list[dict[str, Any]], path: Path) -> None:
             ax.plot([target, target], [y - 0.4, y + 0.4], color="#c44e52", linewidth=2)
         ax.text(float(r["ratio"]), y, f" {r['ratio']}", va="center", fontsize=8)
     ax.axvline(1.0, color="grey", linewidth=0.8, linestyle="--")
-    ax.set_xlabel("ratio (sparkdist / reference; red tick: target)")
+    ax.set_xscale("log")  # ratios from 0.1 to 20: equal factors look equal
+    ax.set_xlabel("ratio, log scale (sparkdist / reference; red tick: target)")
     ax.tick_params(axis="y", labelsize=8)
     ax.set_title("sparkdist against the tools it replaces (same run, same data)")
     fig.tight_layout()
