@@ -19,7 +19,7 @@ def _committed(name: str) -> dict:
 def test_table_markdown_and_chart_from_measured_figures(tmp_path):
     figures = {"deep": _committed("deep"), "recovery": _committed("recovery")}
     rows = report.table(figures)
-    assert [row["target"] for row in rows] == [">= 0.8", ">= 1.7", "<= 0.5", "<= 2", "-"]
+    assert [row["target"] for row in rows] == [">= 0.8", ">= 1.7", "-", "<= 0.5", "<= 2", "-"]
     assert rows[0]["ratio"] == figures["deep"]["feed"]["ratio"]
     assert rows[-1]["reference"] == figures["recovery"]["interval_s"]
     text = report.markdown(rows, "a test machine")
