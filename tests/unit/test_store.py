@@ -92,3 +92,9 @@ def test_an_unwritable_directory_names_the_param(tmp_path):
 
 def test_dbfs_paths_map_to_the_local_mount():
     assert resolve("dbfs:/ml/ckpt")[1] == "/dbfs/ml/ckpt"
+
+
+def test_unity_catalog_volume_paths_are_local_paths():
+    filesystem, inner = resolve("/Volumes/main/default/ckpt/run-1")
+    assert inner == "/Volumes/main/default/ckpt/run-1"
+    assert filesystem.type_name == "local"
