@@ -6,6 +6,8 @@ and defaults, except ``coldStartStrategy="drop"``), and adds:
 * ids of any atomic type (strings, longs beyond the int range, ints) are indexed to ints
   ``0..n-1`` (deterministically) and mapped back in every output, with their original type;
 * ``checkpointInterval`` is honoured: a checkpoint directory is set when none is;
+* ``seed`` defaults to a value that is the same in every process (MLlib's default hashes the
+  class name, which Python salts per process), so an unseeded fit is reproducible;
 * ``coldStartStrategy="drop"`` by default, and ids unknown to the model are cold starts too, so
   predictions and RMSE are never NaN;
 * typed errors for missing columns, null/NaN/negative ratings, duplicate pairs, no rows;
@@ -52,8 +54,10 @@ from pyspark.sql.types import (
     StructType,
 )
 
+from sparkdist import store
 from sparkdist.columns import require_columns, suggest
 from sparkdist.exceptions import ClusterConfigError, ParamError, SchemaError
+from sparkdist.models._classification import stable_seed
 from sparkdist.models._mllib import MLLIB_DIR, MLlibEstimator, MLlibModel
 from sparkdist.session import is_connect
 
@@ -89,7 +93,7 @@ class _ALSModelParams(_MLlibALSModelParams):
 
 
 class _ALSParams(_ALSModelParams, _MLlibALSParams):
-    """Every MLlib ALS Param, plus ``duplicatePolicy``."""
+    """Every MLlib ALS Param, plus ``duplicatePolicy``; a process-independent default seed."""
 
     duplicatePolicy: Param[str] = Param(
         Params._dummy(), "duplicatePolicy",
@@ -99,7 +103,7 @@ class _ALSParams(_ALSModelParams, _MLlibALSParams):
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
-        self._setDefault(duplicatePolicy="error")
+        self._setDefault(duplicatePolicy="error", seed=stable_seed(type(self).__name__))
 
     def getDuplicatePolicy(self) -> str:
         return self.getOrDefault(self.duplicatePolicy)
@@ -462,15 +466,19 @@ class ALSModel(MLlibModel, _ALSModelParams):
     # -- persistence -----------------------------------------------------------------------
     def _save_artifacts(self, path: str) -> None:
         super()._save_artifacts(path)
-        self._mapping(_U).write.parquet(f"{path}/{USER_INDEX_DIR}")
-        self._mapping(_I).write.parquet(f"{path}/{ITEM_INDEX_DIR}")
+        spark = SparkSession.active()
+        for side, name in ((_U, USER_INDEX_DIR), (_I, ITEM_INDEX_DIR)):
+            with store.jvm_output(spark, f"{path}/{name}") as out:
+                self._mapping(side).write.parquet(out)
 
     @classmethod
     def _from_state(cls, state: dict[str, Any], path: str) -> ALSModel:
-        read = SparkSession.active().read
-        return cls(cls._mllib_model.load(f"{path}/{MLLIB_DIR}"),
-                   read.parquet(f"{path}/{USER_INDEX_DIR}").cache(),
-                   read.parquet(f"{path}/{ITEM_INDEX_DIR}").cache())
+        spark = SparkSession.active()
+        files = {name: store.jvm_input(spark, f"{path}/{name}")
+                 for name in (MLLIB_DIR, USER_INDEX_DIR, ITEM_INDEX_DIR)}
+        return cls(cls._mllib_model.load(files[MLLIB_DIR]),
+                   spark.read.parquet(files[USER_INDEX_DIR]).cache(),
+                   spark.read.parquet(files[ITEM_INDEX_DIR]).cache())
 
 
 # -- id mappings ---------------------------------------------------------------------------
