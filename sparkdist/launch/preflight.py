@@ -5,8 +5,9 @@ has slots, Spark does not fail straight away: it re-checks every 15 s, 40 times 
 (``spark.scheduler.barrier.maxConcurrentTasksCheck.*``), so a typo in ``num_workers`` costs
 ten minutes. Other settings make the stage fail late or run unsafely: dynamic allocation (Spark
 rejects barrier stages with it), GPUs requested but not scheduled, and Spark security switched on
-while sparkdist's own traffic (torch.distributed, Horovod) is plain TCP. These checks turn each
-into an immediate, explained error that names the Spark conf key and the value to set.
+while sparkdist's own traffic (torch.distributed, Horovod, XGBoost) is plain TCP. These checks
+turn each into an immediate, explained error that names the Spark conf key and the value to set.
+TorchEstimator and the XGBoost estimators run them first thing in ``fit``.
 
 :func:`findings` is the one implementation; :func:`preflight` raises its first error and
 ``sparkdist doctor`` prints all of them (:func:`report`).
@@ -90,7 +91,7 @@ class Finding:
 
 def preflight(spark: SparkSession, num_workers: int, *, use_gpu: UseGpu = "auto",
               allow_unencrypted: bool = False, param: str = "numWorkers",
-              wait_s: float = REGISTRATION_WAIT_S) -> list[Finding]:
+              wait_s: float = REGISTRATION_WAIT_S, gpu_checks: bool = True) -> list[Finding]:
     """Check the cluster before a barrier stage; raise the first error, log the warnings.
 
     Takes well under a second on a healthy cluster (a handful of conf reads and one scheduler
@@ -105,6 +106,8 @@ def preflight(spark: SparkSession, num_workers: int, *, use_gpu: UseGpu = "auto"
     allow_unencrypted : accept a secured cluster although sparkdist's traffic is plain TCP.
     param : the name of the parameter that set ``num_workers``, quoted in errors.
     wait_s : the longest wait for promised executors to register.
+    gpu_checks : False leaves out the GPU findings (XGBoost: xgboost.spark checks its
+        ``device`` against the GPU conf itself).
 
     Returns
     -------
@@ -123,7 +126,8 @@ def preflight(spark: SparkSession, num_workers: int, *, use_gpu: UseGpu = "auto"
     """
     found = []
     # Lazily, so the first error stops before the slot check's registration wait.
-    for finding in _iter_findings(spark, num_workers, use_gpu, allow_unencrypted, param, wait_s):
+    for finding in _iter_findings(spark, num_workers, use_gpu, allow_unencrypted, param, wait_s,
+                                  gpu_checks):
         if finding.severity == "error":
             raise ClusterConfigError(finding.message)
         if finding.severity == "warning":
@@ -149,8 +153,9 @@ def findings(spark: SparkSession, num_workers: int | None = None, use_gpu: UseGp
 
 
 def conf_findings(conf: Mapping[str, str | None], use_gpu: UseGpu = "auto", *,
-                  allow_unencrypted: bool = False) -> list[Finding]:
-    """The findings that follow from the configuration alone (no scheduler call).
+                  allow_unencrypted: bool = False, gpu_checks: bool = True) -> list[Finding]:
+    """The findings that follow from the configuration alone (no scheduler call);
+    ``gpu_checks=False`` leaves out the GPU findings.
 
     Examples
     --------
@@ -159,8 +164,8 @@ def conf_findings(conf: Mapping[str, str | None], use_gpu: UseGpu = "auto", *,
     """
     if use_gpu not in USE_GPU or not isinstance(use_gpu, (bool, str)):
         raise ParamError(f"useGpu={use_gpu!r}: use 'auto', True or False.")
-    return [_dynamic_allocation(conf), *_gpu_findings(conf, use_gpu),
-            *_security_findings(conf, allow_unencrypted)]
+    gpu = _gpu_findings(conf, use_gpu) if gpu_checks else []
+    return [_dynamic_allocation(conf), *gpu, *_security_findings(conf, allow_unencrypted)]
 
 
 def report(found: Sequence[Finding], master: str | None = None) -> str:
@@ -175,11 +180,13 @@ def report(found: Sequence[Finding], master: str | None = None) -> str:
 
 
 def _iter_findings(spark: SparkSession, num_workers: int | None, use_gpu: UseGpu,
-                   allow_unencrypted: bool, param: str, wait_s: float) -> Iterator[Finding]:
+                   allow_unencrypted: bool, param: str, wait_s: float,
+                   gpu_checks: bool = True) -> Iterator[Finding]:
     if num_workers is not None:
         _check_count(num_workers, param)
     conf = _conf(spark)  # read once: on Spark Connect every read is a round trip
-    yield from conf_findings(conf, use_gpu, allow_unencrypted=allow_unencrypted)
+    yield from conf_findings(conf, use_gpu, allow_unencrypted=allow_unencrypted,
+                             gpu_checks=gpu_checks)
     yield _slots_finding(spark, conf, num_workers, param, wait_s)
 
 
@@ -267,8 +274,8 @@ def _security_findings(conf: Mapping[str, str | None], allow: bool) -> list[Find
 
 def _unencrypted(key: str, allow: bool) -> Finding:
     what = (f"{key}=true: this cluster {SECURITY_KEYS[key]} Spark's own traffic, but sparkdist's "
-            "training traffic between executors (torch.distributed gloo/NCCL, Horovod) is "
-            "neither authenticated nor encrypted")
+            "training traffic between executors (torch.distributed gloo/NCCL, Horovod, "
+            "XGBoost's collective) is neither authenticated nor encrypted")
     if allow:
         return Finding("security", "warning", key, "true", "",
                        f"{what}; allowed by the explicit opt-in (allow_unencrypted).")

@@ -71,7 +71,7 @@ from sparkdist.exceptions import (
     TrainingError,
 )
 from sparkdist.launch.barrier import worker_message
-from sparkdist.launch.preflight import check_num_workers
+from sparkdist.launch.preflight import preflight
 from sparkdist.models._recovery import HasRecovery
 from sparkdist.persist import ParamsPersistence, PersistentModel
 from sparkdist.session import require_classic
@@ -230,6 +230,14 @@ class _XGBoostEstimator(Estimator, HasRecovery, ParamsPersistence):
     callbacks: Param[Any] = Param(
         Params._dummy(), "callbacks", "xgboost TrainingCallback objects (training only; an "
         "estimator holding them cannot be saved)", typeConverter=_ANY)
+    allowUnencrypted: Param[bool] = Param(
+        Params._dummy(), "allowUnencrypted",
+        "train on a cluster with Spark authentication/encryption on although XGBoost's "
+        "traffic between workers is not encrypted", typeConverter=_B)
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self._setDefault(allowUnencrypted=False)
 
     def setParams(self, **params: Any) -> _XGBoostEstimator:
         """Set Params by name; xgboost.spark's snake_case column names are accepted too."""
@@ -290,8 +298,10 @@ class _XGBoostEstimator(Estimator, HasRecovery, ParamsPersistence):
         # driver, so spark.stage.maxConsecutiveAttempts does not bound maxRetries here.
         location = self.checkpoint_location(dataset.sparkSession, spark_retries=False)
         self._check_schema(dataset.schema)
-        check_num_workers(dataset.sparkSession, self.getOrDefault("num_workers"),
-                          param="num_workers")
+        # TorchEstimator's cluster checks (task slots, dynamic allocation, security); GPUs are
+        # xgboost.spark's own check of ``device`` (in _check_params).
+        preflight(dataset.sparkSession, self.getOrDefault("num_workers"), gpu_checks=False,
+                  allow_unencrypted=self.getOrDefault("allowUnencrypted"), param="num_workers")
         self._check_label(dataset)
         return location
 
@@ -473,7 +483,8 @@ class _XGBoostModel(Model, PersistentModel):
 
     # persistence: sparkdist.persist writes and reads (strictly, without pickle)
     def _save_artifacts(self, path: str) -> None:
-        _write_bytes(f"{path}/{BOOSTER_FILE}", bytes(self.get_booster().save_raw(BOOSTER_FORMAT)))
+        store.write_bytes(f"{path}/{BOOSTER_FILE}",
+                          bytes(self.get_booster().save_raw(BOOSTER_FORMAT)))
 
     def _state(self) -> dict[str, Any]:
         import xgboost
@@ -541,16 +552,8 @@ XGBoostRegressor._model_class = XGBoostRegressionModel
 
 
 # -- booster files ---------------------------------------------------------------------------
-def _write_bytes(path: str, data: bytes) -> None:
-    filesystem, inner = store.resolve(path)
-    filesystem.create_dir(inner.rsplit("/", 1)[0], recursive=True)
-    with filesystem.open_output_stream(inner) as out:
-        out.write(data)
-
-
 def _read_bytes(path: str) -> bytes:
-    if not store.exists(path):
-        raise ModelLoadError(f"'{path}' is missing: the model directory is incomplete.")
-    filesystem, inner = store.resolve(path)
-    with filesystem.open_input_stream(inner) as source:
-        return bytes(source.read())
+    try:
+        return store.read_bytes(path)
+    except FileNotFoundError as err:
+        raise ModelLoadError(f"'{path}' is missing: the model directory is incomplete.") from err
