@@ -3,6 +3,7 @@ Spark Connect session (``remote=`` or ``$SPARK_REMOTE``)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Mapping
@@ -13,6 +14,7 @@ from sparkdist.exceptions import ClusterConfigError
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+_LOG = logging.getLogger(__name__)
 #: Environment variables read by :func:`get_spark` (arguments win over them).
 ENV_MASTER = "SPARKDIST_MASTER"
 ENV_LOG_LEVEL = "SPARKDIST_LOG_LEVEL"
@@ -32,11 +34,14 @@ def get_spark(
 ) -> SparkSession:
     """Return the active SparkSession, or build a local one, or connect to a Connect server.
 
-    On Databricks, in a spark-submit job or in a notebook that already has ``spark``,
-    the active session is returned untouched. Otherwise a session is built on ``master``
-    (argument, else ``$SPARKDIST_MASTER``, else ``local[*]``) with Arrow enabled, the
-    driver bound to 127.0.0.1 in local modes, shuffle partitions sized to the cores and
-    WARN logs. ``conf`` and ``SPARKDIST_CONF_<key with '.' written '__'>`` add Spark conf.
+    On Databricks or in a notebook that already has ``spark``, the active session is
+    returned untouched. Otherwise a session is built, and what the launcher set is never
+    overridden: spark-submit's ``--master`` and ``--conf``, ``spark-defaults.conf`` and
+    ``PYSPARK_SUBMIT_ARGS`` (:func:`launcher_conf`) win over every argument here. The master
+    is the launcher's, else ``master``, else ``$SPARKDIST_MASTER``, else ``local[*]``. Keys
+    the launcher left unset are filled in: ``conf`` and ``SPARKDIST_CONF_<key with '.'
+    written '__'>``, then Arrow enabled, the driver bound to 127.0.0.1 in local modes,
+    shuffle partitions sized to the cores; logs at WARN.
 
     ``remote`` (else ``$SPARK_REMOTE``, pyspark's own variable) asks for a Spark Connect
     session instead: ``sc://host:15002`` connects to a running server (checked within
@@ -60,14 +65,75 @@ def get_spark(
         return active
     if remote:
         return _connect(remote, app_name, conf)
-    master = master or os.environ.get(ENV_MASTER, "local[*]")
-    settings = {**_default_conf(master), **_env_conf(), **dict(conf or {})}
-    builder = SparkSession.builder.master(master).appName(app_name)
-    for key, value in settings.items():
-        builder = builder.config(key, value)
+    _prepare_launch(master)
+    launcher = launcher_conf()
+    master = _choose_master(launcher.get("spark.master"), master)
+    _local_env(master)
+    asked = {**_env_conf(), **dict(conf or {})}
+    _warn_overridden(launcher, asked)
+    builder = SparkSession.builder.master(master)
+    defaults = {**_default_conf(master), "spark.app.name": app_name, **asked}
+    for key, value in defaults.items():
+        if key not in launcher:  # fill in what the launcher left unset, override nothing
+            builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(log_level or os.environ.get(ENV_LOG_LEVEL, "WARN"))
     return spark
+
+
+def launcher_conf() -> dict[str, str]:
+    """The Spark conf the launcher set for this driver before any session exists.
+
+    spark-submit's ``--master``/``--conf``, ``spark-defaults.conf`` and ``PYSPARK_SUBMIT_ARGS``
+    all reach the driver JVM as ``spark.*`` system properties, which ``SparkConf()`` loads.
+    Starts the JVM gateway (as ``getOrCreate`` would). Leaves out the two values that mean
+    "nobody chose": spark-submit's fallback master ``local[*]`` and the app name
+    ``pyspark-shell`` pyspark gives a gateway it starts itself.
+
+    Examples
+    --------
+    >>> launcher_conf()  # PYSPARK_SUBMIT_ARGS="--master local[1] pyspark-shell"
+    {'spark.master': 'local[1]', 'spark.submit.deployMode': 'client', ...}
+    """
+    from pyspark import SparkConf, SparkContext
+
+    SparkContext._ensure_initialized()
+    found = dict(SparkConf().getAll())
+    for key, unset in (("spark.master", "local[*]"), ("spark.app.name", "pyspark-shell")):
+        if found.get(key) == unset:
+            del found[key]
+    return found
+
+
+def _prepare_launch(master: str | None) -> None:
+    """Before this process starts the JVM (which reads ``SPARK_LOCAL_IP`` once): the local
+    environment, unless a launcher may name another master (spark-submit started this
+    process, or ``PYSPARK_SUBMIT_ARGS`` names one)."""
+    from pyspark import SparkContext
+
+    submit_args = os.environ.get("PYSPARK_SUBMIT_ARGS", "")
+    if (SparkContext._gateway is None and "PYSPARK_GATEWAY_PORT" not in os.environ
+            and "--master" not in submit_args and "spark.master" not in submit_args):
+        _local_env(master or os.environ.get(ENV_MASTER) or "local[*]")
+
+
+def _choose_master(launched: str | None, asked: str | None) -> str:
+    """The launcher's master if it chose one, else the argument, $SPARKDIST_MASTER, local[*]."""
+    if launched:
+        if asked and asked != launched:
+            _LOG.warning("get_spark(master=%r) ignored: the launcher (spark-submit, "
+                         "spark-defaults.conf or PYSPARK_SUBMIT_ARGS) set spark.master=%s.",
+                         asked, launched)
+        return launched
+    return asked or os.environ.get(ENV_MASTER) or "local[*]"
+
+
+def _warn_overridden(launcher: Mapping[str, str], asked: Mapping[str, str]) -> None:
+    ignored = {key: launcher[key] for key, value in asked.items()
+               if key in launcher and launcher[key] != value}
+    if ignored:
+        _LOG.warning("Spark conf kept as the launcher set it (conf=/$%s* values ignored): %s",
+                     ENV_CONF_PREFIX, ignored)
 
 
 def is_connect(spark: Any) -> bool:
@@ -106,6 +172,8 @@ def _connect(remote: str, app_name: str, conf: Mapping[str, str] | None) -> Spar
     local = remote.startswith("local")
     if not local:
         _probe(DefaultChannelBuilder, remote)
+    if local:
+        _local_env(remote)
     settings = {**(_default_conf(remote) if local else {}), **_env_conf(), **dict(conf or {})}
     builder = SparkSession.builder.remote(remote).appName(app_name)
     for key, value in settings.items():
@@ -151,11 +219,17 @@ def _default_conf(master: str) -> dict[str, str]:
     if master.startswith("local"):
         conf["spark.sql.shuffle.partitions"] = str(_local_cores(master))
         # The hostname may resolve to an interface executors cannot reach; loopback always works.
-        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         conf["spark.driver.host"] = "127.0.0.1"
         conf["spark.driver.bindAddress"] = "127.0.0.1"
     return conf
+
+
+def _local_env(master: str) -> None:
+    """Local masters: bind to loopback (see :func:`_default_conf`), run this Python on the
+    executors."""
+    if master.startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 
 def _local_cores(master: str) -> int:
