@@ -11,6 +11,14 @@ classifiers do) through a pandas UDF, so Spark's evaluators and ``sparkdist.eval
 unchanged. A model saves its Params and history as JSON and its weights as a ``torch.save``d
 state dict, loaded with ``weights_only=True``; the network class is stored by qualified name.
 
+The ``model`` and ``loss`` Params hold names (a class or function given in code is recorded
+under its qualified name, see :func:`sparkdist.train.loop.to_name`). Before anything is called,
+the driver resolves ``model`` to an ``nn.Module`` subclass and ``loss`` to a built-in loss, an
+``nn.Module`` loss class or a function given in code (:func:`~sparkdist.train.loop.resolve_model`,
+:func:`~sparkdist.train.loop.resolve_loss`); anything else is a ParamError at fit, transform and
+``module()``, and ``TorchModel.load`` refuses a ``model`` that does not resolve with a
+ModelLoadError. A module named only in a Param is never imported.
+
 Examples
 --------
 >>> from pyspark.ml import Pipeline
@@ -43,6 +51,7 @@ from pyspark.ml.param.shared import (
     HasRawPredictionCol,
     HasSeed,
 )
+from pyspark.ml.util import MLReader
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, BooleanType, NumericType, StructType
@@ -52,6 +61,7 @@ from sparkdist.exceptions import ModelLoadError, ParamError, SchemaError
 from sparkdist.launch import gpus
 from sparkdist.launch.barrier import BarrierSettings, run_barrier
 from sparkdist.launch.preflight import preflight
+from sparkdist.models._classification import stable_seed
 from sparkdist.models._recovery import HasRecovery
 from sparkdist.persist import ParamsPersistence, PersistentModel
 from sparkdist.train import loop
@@ -78,17 +88,18 @@ class _TorchParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasProbability
         typeConverter=TypeConverters.toListString)
     model: Param[str] = Param(
         Params._dummy(), "model",
-        "the nn.Module subclass, as a qualified name 'package.module.Class' importable on the "
-        "executors (a class given to the constructor is stored by its name)",
-        typeConverter=TypeConverters.toString)
+        "the nn.Module subclass, or its qualified name 'package.module.Class' in a module "
+        "this process has imported (a class given is stored by its name)",
+        typeConverter=loop.to_name)
     modelKwargs: Param[dict] = Param(
         Params._dummy(), "modelKwargs",
         "JSON-able constructor arguments of the model; input_dim/output_dim are filled in "
         "from the data when the constructor takes them")
     loss: Param[str] = Param(
         Params._dummy(), "loss",
-        f"{sorted(loop.LOSSES)}, or a qualified name of a function (output, label) -> "
-        "per-row losses", typeConverter=TypeConverters.toString)
+        f"{sorted(loop.LOSSES)}, an nn.Module loss class, or a function (output, label) -> "
+        "per-row losses (a class or function given is stored by its name)",
+        typeConverter=loop.to_name)
     batchSize: Param[int] = Param(
         Params._dummy(), "batchSize", "global batch size (split across workers), >= 1",
         typeConverter=TypeConverters.toInt)
@@ -119,7 +130,8 @@ class TorchEstimator(Estimator, _TorchParams, HasSeed, HasRecovery, ParamsPersis
     model : an ``nn.Module`` subclass or its qualified name (default: sparkdist's MLP).
     modelKwargs : JSON-able constructor arguments.
     loss : 'bce' (binary labels 0/1, one output), 'cross_entropy' (class indices 0..k-1,
-        k outputs), 'mse' (regression), or a qualified function name.
+        k outputs), 'mse' (regression), an ``nn.Module`` class whose instance (made without
+        arguments) returns per-row losses, or such a function itself.
     optimizer, learningRate, weightDecay : the torch.optim optimizer by name and its settings.
     batchSize : global batch size; each step averages the loss over this many rows in all.
     epochs : passes over the training rows.
@@ -128,7 +140,8 @@ class TorchEstimator(Estimator, _TorchParams, HasSeed, HasRecovery, ParamsPersis
     validationCol / validationFraction : rows held out for per-epoch validation metrics.
     earlyStoppingPatience : stop after this many epochs without a better validation loss
         (0: off) and keep the best epoch's weights.
-    seed : the same seed and numWorkers give the same weights.
+    seed : the same seed and numWorkers give the same weights (the default is the same in
+        every process).
     checkpointDir, checkpointEvery, keepCheckpoints : rank 0 saves the training state every
         ``checkpointEvery`` epochs (and at the end) under ``checkpointDir/runId``, keeping
         the newest ``keepCheckpoints``. When Spark retries the training stage after a failure
@@ -212,24 +225,25 @@ class TorchEstimator(Estimator, _TorchParams, HasSeed, HasRecovery, ParamsPersis
                          numWorkers=1, backend="torch", validationFraction=0.0,
                          earlyStoppingPatience=0, numClasses=0, nanPolicy="error",
                          timeoutSeconds=86400.0, rendezvousTimeoutSeconds=300.0,
-                         progress=True, allowUnencrypted=False)
-        self._module_class: Any = None
+                         progress=True, allowUnencrypted=False,
+                         seed=stable_seed(type(self).__name__))
         self.setParams(**self._input_kwargs)
 
     @keyword_only
     def setParams(self, **kwargs: Any) -> TorchEstimator:
-        """Set Params by name; ``model`` may be a class (stored by its qualified name)."""
-        if kwargs.get("model") is not None and not isinstance(kwargs["model"], str):
-            self._module_class = kwargs["model"]
-            kwargs["model"] = loop.qualified_name(kwargs["model"])
+        """Set Params by name; ``model`` and ``loss`` may be a class or function (stored by
+        its qualified name)."""
         return self._set(**{k: v for k, v in kwargs.items() if v is not None})
 
     def _fit(self, dataset: DataFrame) -> TorchModel:
         self._check_params()
+        code = {"module": loop.resolve_model(self.getOrDefault("model")),
+                "loss_fn": loop.resolve_loss(self.getOrDefault("loss"))}
         checkpoint_dir, run_id = self.checkpoint_location(dataset.sparkSession)
         prepared = self._prepare(dataset)
         stats = self._check_data(prepared)
-        spec = {**self._spec(stats), "checkpoint_dir": checkpoint_dir, "run_id": run_id}
+        spec = {**self._spec(stats), **code, "checkpoint_dir": checkpoint_dir,
+                "run_id": run_id}
         self._check_model(spec)
         preflight(dataset.sparkSession, spec["num_workers"], use_gpu=spec["use_gpu"],
                   allow_unencrypted=self.getOrDefault("allowUnencrypted"))
@@ -260,8 +274,6 @@ class TorchEstimator(Estimator, _TorchParams, HasSeed, HasRecovery, ParamsPersis
         _one_of("backend", get("backend"), BACKENDS)
         if get("backend") == "horovod" and not horovod_available():
             raise ParamError(f"backend='horovod': {HOROVOD_INSTALL}")
-        if get("loss") not in loop.LOSSES:
-            loop.resolve(get("loss"), "loss")
         if get("earlyStoppingPatience") and not self._has_validation():
             raise ParamError("earlyStoppingPatience needs validation rows: set "
                              "validationFraction or validationCol.")
@@ -339,7 +351,7 @@ class TorchEstimator(Estimator, _TorchParams, HasSeed, HasRecovery, ParamsPersis
         loss = get("loss")
         classes = get("numClasses") or (int(stats["max_label"]) + 1 if loss == "cross_entropy"
                                         else 2 if loss == "bce" else 0)
-        return {"module": self._module_class or get("model"), "module_name": get("model"),
+        return {"module_name": get("model"),
                 "module_kwargs": dict(get("modelKwargs") or {}), "loss": loss,
                 "optimizer": get("optimizer"), "learning_rate": get("learningRate"),
                 "weight_decay": get("weightDecay"), "batch_size": get("batchSize"),
@@ -356,9 +368,8 @@ class TorchEstimator(Estimator, _TorchParams, HasSeed, HasRecovery, ParamsPersis
         """Build the network on the driver and run two rows of zeros through it."""
         import torch
 
-        module_class = loop.resolve(spec["module"], "model")
         try:
-            module = loop.build_module(module_class, spec["module_kwargs"], spec["input_dim"],
+            module = loop.build_module(spec["module"], spec["module_kwargs"], spec["input_dim"],
                                        spec["output_dim"])
             module.eval()
             with torch.no_grad():
@@ -438,7 +449,7 @@ class TorchModel(Model, _TorchParams, PersistentModel):
 
     def module(self) -> Any:
         """The trained ``nn.Module`` (in eval mode), for use outside Spark."""
-        module = loop.build_module(loop.resolve(self.getOrDefault("model"), "model"),
+        module = loop.build_module(loop.resolve_model(self.getOrDefault("model")),
                                    self.getOrDefault("modelKwargs") or {},
                                    self._info["input_dim"], self._info["output_dim"])
         module.load_state_dict(self._weights)
@@ -447,7 +458,7 @@ class TorchModel(Model, _TorchParams, PersistentModel):
     def _transform(self, dataset: DataFrame) -> DataFrame:
         require_columns(dataset.schema, self.featureSource(), "TorchModel")
         features = features_array(dataset.schema, self.featureSource())
-        spec = {"module": self.getOrDefault("model"),
+        spec = {"module": loop.resolve_model(self.getOrDefault("model")),
                 "module_kwargs": self.getOrDefault("modelKwargs") or {},
                 "loss": self.getOrDefault("loss"), "weights": _weights_bytes(self._weights),
                 "input_dim": self._info["input_dim"], "output_dim": self._info["output_dim"],
@@ -469,16 +480,31 @@ class TorchModel(Model, _TorchParams, PersistentModel):
         return scored
 
     # --- persistence: Params + history as JSON, weights as a torch state dict
+    @classmethod
+    def read(cls) -> MLReader:
+        """The strict reader, and then the loaded ``model`` must name an ``nn.Module``
+        subclass: a tampered directory fails here (ModelLoadError), before any use."""
+        reader = super().read()
+        load = reader.load
+
+        def checked(path: str) -> TorchModel:
+            model = load(path)
+            try:
+                loop.resolve_model(model.getOrDefault("model"))
+            except ParamError as err:
+                raise ModelLoadError(f"'{path}': {err}") from err
+            return model
+
+        reader.load = checked  # type: ignore[method-assign]
+        return reader
+
     def _state(self) -> dict[str, Any]:
         return self._info
 
     def _save_artifacts(self, path: str) -> None:
         from sparkdist import store
 
-        filesystem, root = store.resolve(path)
-        filesystem.create_dir(root, recursive=True)
-        with filesystem.open_output_stream(f"{root}/{WEIGHTS_FILE}") as out:
-            out.write(_weights_bytes(self._weights))
+        store.write_bytes(f"{path}/{WEIGHTS_FILE}", _weights_bytes(self._weights))
 
     @classmethod
     def _from_state(cls, state: dict[str, Any], path: str) -> TorchModel:
@@ -488,10 +514,9 @@ class TorchModel(Model, _TorchParams, PersistentModel):
 
         from sparkdist import store
 
-        filesystem, root = store.resolve(path)
         try:
-            with filesystem.open_input_stream(f"{root}/{WEIGHTS_FILE}") as stream:
-                weights = torch.load(io.BytesIO(stream.read()), weights_only=True)
+            raw = store.read_bytes(f"{path}/{WEIGHTS_FILE}")
+            weights = torch.load(io.BytesIO(raw), weights_only=True)
         except Exception as err:
             raise ModelLoadError(f"{path}: cannot read {WEIGHTS_FILE} as a torch state dict "
                                  f"({err}).") from err
@@ -600,7 +625,7 @@ def predict_batches(spec: dict[str, Any], batches: Any) -> Any:
     import numpy as np
     import torch
 
-    module = loop.build_module(loop.resolve(spec["module"], "model"), spec["module_kwargs"],
+    module = loop.build_module(spec["module"], spec["module_kwargs"],
                                spec["input_dim"], spec["output_dim"])
     module.load_state_dict(torch.load(io.BytesIO(spec["weights"]), weights_only=True))
     # The task's assigned GPU when there is one; a model trained with useGpu=True still scores

@@ -17,6 +17,7 @@ import inspect
 import io
 import json
 import math
+import sys
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -36,27 +37,86 @@ OPTIMIZERS = {"adam": "Adam", "adamw": "AdamW", "sgd": "SGD", "rmsprop": "RMSpro
 
 
 # ------------------------------------------------------------------------- specs (both sides)
-def resolve(spec: Any, param: str) -> Any:
-    """A class or function given itself or as an importable qualified name."""
-    if not isinstance(spec, str):
-        return spec
-    module_name, _, attribute = spec.rpartition(".")
-    try:
-        return getattr(importlib.import_module(module_name), attribute)
-    except (ImportError, AttributeError, ValueError) as err:
-        raise ParamError(f"{param}={spec!r} cannot be imported ({err}); give a qualified name "
-                         f"'package.module.Name' importable on the driver and the executors "
-                         f"(ship it with --py-files or pip install).") from err
+# The ``model`` and ``loss`` Params hold names; the driver resolves them here and ships the
+# resolved objects to the executors (by reference when importable, else by value through
+# cloudpickle), so executors never resolve a name.
+
+#: Classes and functions given as objects in this process, by the name their Param holds.
+_REGISTRY: dict[str, Any] = {}
 
 
 def qualified_name(obj: Any) -> str:
     return f"{obj.__module__}.{obj.__qualname__}"
 
 
-def build_module(module_class: Any, kwargs: dict[str, Any], input_dim: int,
+def to_name(value: Any) -> str:
+    """The typeConverter of the ``model`` and ``loss`` Params: a name stays as it is; a class
+    or function given in code is recorded under its qualified name, so that this process
+    resolves the name to that object wherever it was defined (``__main__``, a notebook, a
+    test module). A later object under the same name replaces the earlier, as in Python."""
+    if isinstance(value, str):
+        return value
+    if inspect.isclass(value) or inspect.isroutine(value):
+        name = qualified_name(value)
+        _REGISTRY[name] = value
+        return name
+    raise TypeError(f"expected a class, a function or its qualified name, got {value!r}")
+
+
+def resolve_model(name: str) -> type[torch.nn.Module]:
+    """The ``nn.Module`` subclass ``model`` names; ParamError for anything else, before
+    anything is called."""
+    import torch
+
+    found = _lookup(name, "model")
+    if not (inspect.isclass(found) and issubclass(found, torch.nn.Module)):
+        raise ParamError(f"model={name!r} is {found!r}, not an nn.Module subclass; give "
+                         f"the network class or its qualified name.")
+    return found
+
+
+def resolve_loss(name: str) -> Any:
+    """What the training loop calls for ``loss``: a built-in name stays a name; otherwise an
+    instance of the ``nn.Module`` subclass it names (made without arguments), or a function
+    given as an object in this process. Anything else (a function named only in a file,
+    ``os.system``) is refused by construction, not by a denylist."""
+    import torch
+
+    if name in LOSSES:
+        return name
+    found = _lookup(name, "loss")
+    if inspect.isclass(found) and issubclass(found, torch.nn.Module):
+        return found()
+    if _REGISTRY.get(name) is found and callable(found):
+        return found
+    raise ParamError(f"loss={name!r} is {found!r}: use one of {sorted(LOSSES)}, an nn.Module "
+                     f"loss class, or pass a function (output, label) -> per-row losses "
+                     f"itself (loss=my_loss), not its name.")
+
+
+def _lookup(name: str, param: str) -> Any:
+    """Registry first; else an attribute of a module already imported in this process (or of
+    sparkdist itself). A module named only in a Param is never imported: importing runs its
+    top-level code, and Param values come from saved files too."""
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    module_name, _, attribute = name.rpartition(".")
+    own = module_name == "sparkdist" or module_name.startswith("sparkdist.")
+    try:
+        if module_name not in sys.modules and not own:
+            raise ImportError(f"module {module_name!r} is not imported in this process, and "
+                              "sparkdist imports no module a Param names")
+        return getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError, ValueError) as err:
+        raise ParamError(f"{param}={name!r} cannot be imported ({err}); pass the class "
+                         f"itself, or import its module (import {module_name or name}) "
+                         f"before the fit or load.") from err
+
+
+def build_module(module_class: type[torch.nn.Module], kwargs: dict[str, Any], input_dim: int,
                  output_dim: int) -> torch.nn.Module:
-    """Instantiate the network; ``input_dim``/``output_dim`` are filled in from the data when
-    the constructor takes them and ``kwargs`` leaves them out."""
+    """Instantiate a class from :func:`resolve_model`; ``input_dim``/``output_dim`` are filled
+    in from the data when the constructor takes them and ``kwargs`` leaves them out."""
     accepted = inspect.signature(module_class).parameters
     filled = {name: value for name, value in (("input_dim", input_dim),
                                               ("output_dim", output_dim))
@@ -73,8 +133,9 @@ def task_of_loss(loss: str) -> str:
     return LOSSES.get(loss, "regression")
 
 
-def loss_sum(loss: str, output: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
-    """The summed loss over the rows of a batch (the loop does the averaging)."""
+def loss_sum(loss: Any, output: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
+    """The summed loss over the rows of a batch (the loop does the averaging); ``loss`` is
+    what :func:`resolve_loss` returned."""
     import torch.nn.functional as F
 
     if loss == "cross_entropy":
@@ -84,7 +145,7 @@ def loss_sum(loss: str, output: torch.Tensor, label: torch.Tensor) -> torch.Tens
         return F.binary_cross_entropy_with_logits(flat, label, reduction="sum")
     if loss == "mse":
         return F.mse_loss(flat, label, reduction="sum")
-    return resolve(loss, "loss")(output, label).sum()  # a callable giving per-row losses
+    return loss(output, label).sum()  # a callable giving per-row losses
 
 
 def correct_count(loss: str, output: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
@@ -159,7 +220,7 @@ class _Trainer:
     def __init__(self, context: WorkerContext, backend: Any, device: torch.device,
                  args: dict[str, Any]) -> None:
         self.context, self.backend, self.device, self.args = context, backend, device, args
-        self.loss = args["loss"]
+        self.loss, self.loss_fn = args["loss"], args["loss_fn"]  # the name, what to call
 
     def run(self, train: SpilledRows, validation: SpilledRows) -> bytes | None:
         import torch
@@ -172,7 +233,7 @@ class _Trainer:
         self.global_sizes = sum(step_sizes(int(n), self.steps) for n in counts[:, 0])
         self.rows = (int(counts[:, 0].sum()), int(counts[:, 1].sum()))
         torch.manual_seed(args["seed"])  # identical initial weights on every rank
-        module = build_module(resolve(args["module"], "model"), args["module_kwargs"],
+        module = build_module(args["module"], args["module_kwargs"],
                               args["input_dim"], args["output_dim"]).to(self.device)
         resumed = self._resume_state()
         if resumed:
@@ -274,7 +335,7 @@ class _Trainer:
             if self.global_sizes[step] == 0:
                 continue  # every rank skips the same step: no one waits
             output = model(features.to(self.device))
-            loss = loss_sum(self.loss, output, label.to(self.device))
+            loss = loss_sum(self.loss_fn, output, label.to(self.device))
             optimizer.zero_grad()
             (loss * (world / float(self.global_sizes[step]))).backward()
             optimizer.step()
@@ -294,7 +355,7 @@ class _Trainer:
                                                       dim=self.args["input_dim"]):
                 output = module(features.to(self.device))
                 label = label.to(self.device)
-                sums[0] += float(loss_sum(self.loss, output, label))
+                sums[0] += float(loss_sum(self.loss_fn, output, label))
                 if task_of_loss(self.loss) == "classification":
                     sums[1] += float(correct_count(self.loss, output, label))
         sums = self.backend.all_reduce_sum(sums)
