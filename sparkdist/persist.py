@@ -1,9 +1,24 @@
-"""Save/load for every sparkdist stage: Spark ML metadata JSON plus a model's own artifacts.
+"""Save/load for every stage sparkdist writes or reads: one commit protocol, one allowlist.
 
-Writes are atomic (a temporary directory renamed into place) and refuse Param values JSON
-cannot hold. Reads are strict: JSON metadata of exactly the expected class, only known Param
-names, and artifacts in non-executable formats. Nothing on the load path unpickles or imports
-a class named in the files.
+**Saving** (:func:`save_model`, and ``write().save(path)`` of every sparkdist stage) never
+renames a directory, so it is all-or-nothing on object stores too. Everything the stage holds
+is written into a fresh version directory ``path/v-<time>-<id>/``; then one small file,
+``path/metadata/part-00000`` (the Spark ML metadata JSON plus the version's name), is written
+in one step: that write is the commit. A crash before it leaves the previous model (or
+nothing) loadable; after it, the new one. A save without overwrite commits only if no other
+writer committed first (an exclusive create), so a concurrent writer is refused, never
+deleted. Versions nobody committed (a killed save) are removed by a later save of the same
+path once they are an hour old; nothing reads them before that. A path that is empty, a root,
+the working directory or one of its parents, or an existing directory that is not a saved
+model, is refused before anything is written.
+
+**Loading** (:func:`load_model`, ``Cls.load(path)``) reads the metadata JSON with the store,
+not with Spark, and loads only classes on an allowlist, looked up by name *before* anything is
+imported: sparkdist's own stages, PipelineModel (whose stages are loaded by this same function,
+uids checked to be plain names) and pyspark.ml's own feature and model classes that are read
+by their JVM readers (:data:`PYSPARK_MODULES`). Anything else is a :class:`ModelLoadError`.
+Artifacts are in non-executable formats (JSON, Parquet, MLlib's formats, UBJSON, torch state
+dicts read with ``weights_only=True``).
 
 A model mixes in :class:`PersistentModel` and implements ``_state()`` (a JSON-able dict kept
 in the metadata), ``_save_artifacts(path)`` and ``_from_state(state, path)``; an estimator
@@ -12,60 +27,263 @@ mixes in :class:`ParamsPersistence`.
 
 from __future__ import annotations
 
+import functools
+import importlib
+import inspect
 import json
+import re
+import time
+import uuid
 from typing import Any
 
 from pyspark.ml.param import Params
-from pyspark.ml.util import (
-    DefaultParamsReader,
-    DefaultParamsWriter,
-    MLReadable,
-    MLReader,
-    MLWritable,
-    MLWriter,
-)
+from pyspark.ml.util import DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
 
+from sparkdist import store
 from sparkdist.exceptions import ModelLoadError, ParamError
-from sparkdist.store import atomic_directory, exists
 
 STATE_KEY = "sparkdistState"
+#: The committed version directory of a stage, relative to the stage's path.
+DATA_KEY = "sparkdistData"
+RECORD = "metadata/part-00000"
 #: Everything Spark ML's DefaultParamsWriter and sparkdist put in metadata; anything else
 #: (e.g. xgboost.spark's pickled callbacks) is refused.
 METADATA_KEYS = {"class", "timestamp", "sparkVersion", "uid", "paramMap", "defaultParamMap",
-                 STATE_KEY}
+                 STATE_KEY, DATA_KEY}
+#: Modules whose Params classes may be named in a saved directory.
+SPARKDIST_MODULES = ("sparkdist.features.assembly", "sparkdist.models.logistic",
+                     "sparkdist.models.forest", "sparkdist.models.als",
+                     "sparkdist.models.xgboost", "sparkdist.models.torch")
+PYSPARK_MODULES = ("pyspark.ml.feature", "pyspark.ml.classification", "pyspark.ml.regression",
+                   "pyspark.ml.clustering", "pyspark.ml.recommendation", "pyspark.ml.fpm")
+#: pyspark stages whose readers load further stages by the class names in their files.
+_NESTING = {"OneVsRest", "OneVsRestModel", "RFormula", "RFormulaModel"}
+_PIPELINE_MODELS = {"pyspark.ml.pipeline.PipelineModel", "org.apache.spark.ml.PipelineModel"}
+_UID = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
+_VERSION = re.compile(r"^v-(\d{13})-[0-9a-f]{8}$")
+#: A version directory that no commit names is swept once it is this old (a killed save).
+ORPHAN_AGE_S = 3600.0
 
 
+# ------------------------------------------------------------------------------------ save
+def save_model(stage: Any, path: str, overwrite: bool = False, spark: Any = None) -> None:
+    """Save any Spark ML or sparkdist stage (PipelineModel included) under ``path``.
+
+    Raises
+    ------
+    ParamError : ``path`` is empty, a root, the working directory or a parent of it, an
+        unsupported scheme, or an existing directory that is not a saved model.
+    PathExistsError : ``path`` holds a model (or another writer committed one first) and
+        ``overwrite`` is False.
+
+    Examples
+    --------
+    >>> save_model(pipeline_model, "s3://bucket/models/churn", overwrite=True)
+    """
+    store.check_target(path)
+    spark = spark or _active_spark()
+    path = path.rstrip("/")
+    previous = _committed_record(path)
+    if previous is None and store.exists(path) and not store.is_empty_dir(path):
+        raise (store.PathExistsError if not overwrite else ParamError)(
+            f"'{path}' exists and is not a saved model; sparkdist saves into a new path or "
+            "replaces a saved model only. Choose another path (or delete it yourself).")
+    if previous is not None and not overwrite:
+        raise store.PathExistsError(f"'{path}' already exists; choose a new path, or overwrite "
+                                    "it explicitly (model.write().overwrite().save(path)).")
+    version = f"v-{int(time.time() * 1000):013d}-{uuid.uuid4().hex[:8]}"
+    try:
+        record = {**_write_stage(stage, f"{path}/{version}", spark), DATA_KEY: version}
+        body = (json.dumps(record, separators=(",", ":")) + "\n").encode()
+        commit = store.create_exclusive if previous is None else store.write_bytes
+        commit(f"{path}/{RECORD}", body)
+    except BaseException:
+        store.remove(f"{path}/{version}")
+        raise
+    _sweep(path, version, previous)
+
+
+def _write_stage(stage: Any, data: str, spark: Any) -> dict[str, Any]:
+    """Write what ``stage`` holds under ``data``; return its metadata record."""
+    from pyspark.ml import PipelineModel
+    from pyspark.ml.util import JavaMLWritable
+
+    if isinstance(stage, ParamsPersistence):
+        require_json_params(stage)
+        extra = None
+        if isinstance(stage, PersistentModel):
+            stage._save_artifacts(data)
+            extra = {STATE_KEY: stage._state()}
+        return json.loads(DefaultParamsWriter._get_metadata_to_save(stage, spark, extra))
+    if isinstance(stage, PipelineModel):
+        for index, inner in enumerate(stage.stages):
+            save_model(inner, _stage_path(data, index, len(stage.stages), inner.uid),
+                       spark=spark)
+        params = {"stageUids": [inner.uid for inner in stage.stages], "language": "Python"}
+        return json.loads(DefaultParamsWriter._get_metadata_to_save(stage, spark, None, params))
+    if isinstance(stage, JavaMLWritable):
+        with store.jvm_output(spark, data) as out:
+            stage.write().save(out)
+        return _read_record(data)
+    raise ParamError(f"cannot save a {type(stage).__name__}: sparkdist saves its own stages, "
+                     "PipelineModels and pyspark.ml's JVM-backed stages.")
+
+
+def _sweep(path: str, keep: str, previous: dict[str, Any] | None) -> None:
+    """Remove what no commit names any more: the version the previous commit named (or, for
+    a directory written before versions, its files), and versions of killed saves. A version
+    of a save still under way is young and not the previous one, so it is left alone."""
+    replaced = (previous or {}).get(DATA_KEY)
+    now_ms = time.time() * 1000
+    for name in store.listdir(path):
+        match = _VERSION.match(name)
+        stale = match is not None and now_ms - int(match.group(1)) > ORPHAN_AGE_S * 1000
+        legacy = match is None and previous is not None and replaced is None
+        if name not in (keep, "metadata") and (name == replaced or stale or legacy):
+            store.remove(f"{path}/{name}")
+    for name in store.listdir(f"{path}/metadata"):
+        if name != "part-00000" and not name.startswith("."):
+            store.remove(f"{path}/metadata/{name}")
+
+
+# ------------------------------------------------------------------------------------ load
 def load_model(path: str, spark: Any = None) -> Any:
-    """Load any saved Spark ML or sparkdist stage (PipelineModel included) from ``path``.
+    """Load any saved Spark ML or sparkdist stage (PipelineModel included) from ``path``,
+    refusing any class that is not on the allowlist (see the module docstring).
+
+    Raises
+    ------
+    ModelLoadError : ``path`` is not a saved model, or names a class sparkdist does not load.
 
     Examples
     --------
     >>> model = load_model("models/churn/LogisticRegression")
     """
+    spark = spark or _active_spark()
+    path = path.rstrip("/")
+    record = _read_record(path)
+    name = str(record.get("class"))
+    if name in _PIPELINE_MODELS:
+        return _load_pipeline(path, record, spark)
+    cls = allowed_class(name, path)
+    if issubclass(cls, ParamsPersistence):
+        return cls.read().session(spark).load(path)
+    return cls.load(store.jvm_input(spark, data_root(path, record)))
+
+
+def allowed_class(name: str, path: str) -> type:
+    """The class a saved directory names, if sparkdist loads it; else ModelLoadError. Only
+    modules on the allowlist are imported, and only after the name matched one."""
+    module, _, attr = name.replace("org.apache.spark", "pyspark").rpartition(".")
+    if module in SPARKDIST_MODULES:
+        cls = getattr(importlib.import_module(module), attr, None)
+        if (inspect.isclass(cls) and issubclass(cls, ParamsPersistence)
+                and cls.__module__ == module):
+            return cls
+    elif attr in _pyspark_stages().get(module, {}):
+        return _pyspark_stages()[module][attr]
+    raise ModelLoadError(f"'{path}' names the class {name!r}, which sparkdist does not load "
+                         "(it loads its own stages, PipelineModels and pyspark.ml's feature "
+                         "and model classes); refusing to import or run it.")
+
+
+@functools.cache
+def _pyspark_stages() -> dict[str, dict[str, type]]:
+    from pyspark.ml.util import JavaMLReadable
+
+    allowed: dict[str, dict[str, type]] = {}
+    for module_name in PYSPARK_MODULES:
+        module = importlib.import_module(module_name)
+        allowed[module_name] = {
+            name: cls for name, cls in vars(module).items()
+            if inspect.isclass(cls) and cls.__module__ == module_name
+            and issubclass(cls, JavaMLReadable) and name not in _NESTING}
+    return allowed
+
+
+def _load_pipeline(path: str, record: dict[str, Any], spark: Any) -> Any:
+    from pyspark.ml import PipelineModel
+
+    uids = (record.get("paramMap") or {}).get("stageUids")
+    if not isinstance(uids, list) or not all(isinstance(u, str) and _UID.match(u)
+                                             for u in uids):
+        raise ModelLoadError(f"'{path}': its stageUids {uids!r} are not a list of plain stage "
+                             "names; refusing to read stages from elsewhere.")
+    root = data_root(path, record)
+    stages = [load_model(_stage_path(root, i, len(uids), uid), spark)
+              for i, uid in enumerate(uids)]
+    model = PipelineModel(stages)
+    model._resetUid(str(record["uid"]))
+    return model
+
+
+def _stage_path(root: str, index: int, count: int, uid: str) -> str:
+    """pyspark's own layout: ``stages/<zero-padded index>_<uid>``."""
+    return f"{root}/stages/{str(index).zfill(len(str(count)))}_{uid}"
+
+
+def data_root(path: str, record: dict[str, Any]) -> str:
+    """Where a stage's files are: its committed version directory (``path`` itself for
+    directories written by Spark or by sparkdist before versions)."""
+    version = record.get(DATA_KEY)
+    if version is None:
+        return path
+    if not isinstance(version, str) or not _VERSION.match(version):
+        raise ModelLoadError(f"'{path}': its metadata names the data directory {version!r}, "
+                             "which is not one sparkdist writes.")
+    return f"{path}/{version}"
+
+
+def data_dir(path: str) -> str:
+    """Where the files of the stage saved at ``path`` are (its committed version)."""
+    path = path.rstrip("/")
+    return data_root(path, _read_record(path))
+
+
+def _read_record(path: str) -> dict[str, Any]:
+    """The metadata JSON of a saved stage, or ModelLoadError."""
+    record = _committed_record(path)
+    if record is None:
+        raise ModelLoadError(f"'{path}' is not a saved sparkdist model: it has no metadata/ "
+                             "file. Point at the directory that save(path) wrote.")
+    return record
+
+
+def _committed_record(path: str) -> dict[str, Any] | None:
+    """The metadata JSON at ``path``: sparkdist's commit record, else the one part file Spark
+    writes; None when there is none."""
+    names = [n for n in store.listdir(f"{path}/metadata") if not n.startswith(("_", "."))]
+    if not names:
+        return None
+    name = "part-00000" if "part-00000" in names else names[0]
+    try:
+        text = store.read_bytes(f"{path}/metadata/{name}").decode()
+        record = json.loads(text.splitlines()[0])
+    except Exception as err:  # unreadable or not JSON: refuse, never guess
+        raise ModelLoadError(f"'{path}': its metadata is not JSON ({err}).") from err
+    if not isinstance(record, dict) or "uid" not in record:
+        raise ModelLoadError(f"'{path}': its metadata is not a Spark ML metadata object.")
+    return record
+
+
+def _active_spark() -> Any:
     from pyspark.sql import SparkSession
 
-    _require_metadata_dir(path, "model")
-    return DefaultParamsReader.loadParamsInstance(path, spark or SparkSession.active())
+    return SparkSession.active()
 
 
+# ------------------------------------------------------------------- sparkdist's own stages
 class _Writer(MLWriter):
     def __init__(self, instance: Any) -> None:
         super().__init__()
         self.instance = instance
 
     def save(self, path: str) -> None:
-        """Write into a temporary directory that replaces ``path`` at the end, so a failure
-        never leaves a half-written directory (and never destroys the old one)."""
-        require_json_params(self.instance)
-        with atomic_directory(path, overwrite=self.shouldOverwrite) as temp:
-            self.saveImpl(temp)
+        """Commit ``path`` with :func:`save_model` (all-or-nothing, never a rename)."""
+        save_model(self.instance, path, overwrite=self.shouldOverwrite, spark=self.sparkSession)
 
     def saveImpl(self, path: str) -> None:
-        extra = None
-        if isinstance(self.instance, PersistentModel):
-            self.instance._save_artifacts(path)
-            extra = {STATE_KEY: self.instance._state()}
-        DefaultParamsWriter.saveMetadata(self.instance, path, self.sparkSession, extra)
+        self.save(path)
 
 
 class _Reader(MLReader):
@@ -74,9 +292,13 @@ class _Reader(MLReader):
         self.cls = cls
 
     def load(self, path: str) -> Any:
-        metadata = read_metadata(self.sparkSession, path, self.cls)
+        path = path.rstrip("/")
+        metadata = read_metadata(path, self.cls)
         if issubclass(self.cls, PersistentModel):
-            instance = self.cls._from_state(metadata.get(STATE_KEY) or {}, path)
+            state = metadata.get(STATE_KEY) or {}
+            if not isinstance(state, dict):
+                raise ModelLoadError(f"'{path}': its {STATE_KEY} is not an object.")
+            instance = self.cls._from_state(state, data_root(path, metadata))
         else:
             instance = self.cls()
         instance._resetUid(str(metadata["uid"]))
@@ -85,7 +307,7 @@ class _Reader(MLReader):
 
 
 class ParamsPersistence(MLReadable, MLWritable):
-    """Mixin: atomic, JSON-only ``write()`` and strict ``read()`` for a Params class."""
+    """Mixin: committed, JSON-only ``write()`` and strict ``read()`` for a Params class."""
 
     #: Params that hold code (callbacks): never saved with a value, refused when loading.
     _transient_params: tuple[str, ...] = ()
@@ -124,18 +346,11 @@ def require_json_params(instance: Params) -> None:
                 f"{param.name})) and set it again after loading.") from err
 
 
-def read_metadata(spark: Any, path: str, cls: type) -> dict[str, Any]:
+def read_metadata(path: str, cls: type) -> dict[str, Any]:
     """The metadata JSON of a directory saved for exactly ``cls``, or ModelLoadError."""
     expected = f"{cls.__module__}.{cls.__name__}"
     where = f"'{path}' is not a saved sparkdist {cls.__name__}"
-    _require_metadata_dir(path, cls.__name__)
-    try:
-        first = spark.read.text(f"{path.rstrip('/')}/metadata").first()
-        metadata = json.loads(first[0]) if first is not None else None
-    except Exception as err:  # unreadable or not JSON: refuse, never guess
-        raise ModelLoadError(f"{where}: its metadata is not JSON ({err}).") from err
-    if not isinstance(metadata, dict) or "uid" not in metadata:
-        raise ModelLoadError(f"{where}: its metadata is not a Spark ML metadata object.")
+    metadata = _read_record(path)
     found = metadata.get("class")
     if found != expected:
         raise ModelLoadError(f"{where}: it holds a {found!r}, not a {expected!r}; load it "
@@ -163,10 +378,3 @@ def restore_params(instance: Params, metadata: dict[str, Any], path: str) -> Non
             setter(**values)
         except (TypeError, ValueError) as err:
             raise ModelLoadError(f"'{path}': bad value in metadata {section}: {err}") from err
-
-
-def _require_metadata_dir(path: str, what: str) -> None:
-    if not exists(f"{path.rstrip('/')}/metadata"):
-        raise ModelLoadError(f"'{path}' is not a saved sparkdist {what}: it has no metadata/ "
-                             "directory. "
-                             "Point at the directory that save(path) wrote.")

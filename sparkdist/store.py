@@ -1,10 +1,23 @@
-"""Paths on any filesystem pyarrow knows (local, file://, hdfs://, s3://, gs://; dbfs:/ and
-/Volumes through Databricks' local mounts), all-or-nothing directory writes, and numbered
-checkpoints that are never read half-written.
+"""Files on every store sparkdist users have, written so that no reader sees half a write.
+
+Paths are local (relative ones made absolute), ``file:``, ``dbfs:/`` and ``/Volumes``
+(Databricks' local mounts), ``hdfs://``, and the object stores of Databricks, EMR, Dataproc
+and HDInsight: ``s3://``/``s3a://``/``s3n://`` (s3fs), ``gs://``/``gcs://`` (gcsfs),
+``abfs[s]://``/``wasb[s]://``/``az://`` (adlfs), through fsspec. Any other scheme is refused
+with a :class:`ParamError` before anything is written; a scheme whose fsspec package is
+missing names the extra to install. Credentials and endpoints come from each library's own
+configuration (for S3: the AWS variables and files, ``AWS_ENDPOINT_URL`` included).
+
+A file is written whole or not at all (:func:`write_bytes`: temp + rename where the store can
+rename, one PUT on object stores); :func:`create_exclusive` refuses a file another writer
+created first (a hard link locally, a conditional ``If-None-Match`` PUT on S3).
 
 Examples
 --------
->>> checkpoints = Checkpoints("/tmp/ckpt/run-1", keep=2)
+>>> write_bytes("/tmp/sparkdist-doc/a.txt", b"hello")
+>>> read_bytes("/tmp/sparkdist-doc/a.txt")
+b'hello'
+>>> checkpoints = Checkpoints("/tmp/sparkdist-doc/run-1", keep=2)
 >>> checkpoints.save(3, b"weights...")
 >>> checkpoints.latest()
 (3, b'weights...')
@@ -12,76 +25,266 @@ Examples
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import hashlib
 import logging
 import os
 import re
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
-
-import pyarrow
-from pyarrow import fs as pafs
+from dataclasses import dataclass
+from typing import Any
 
 from sparkdist.exceptions import ParamError, SparkdistError
 
 _LOG = logging.getLogger(__name__)
+
+#: URL scheme -> (fsspec protocol, the pip package that provides it).
+SCHEMES: dict[str, tuple[str, str]] = {
+    "file": ("file", "fsspec"), "dbfs": ("file", "fsspec"), "hdfs": ("hdfs", "pyarrow"),
+    "s3": ("s3", "s3fs"), "s3a": ("s3", "s3fs"), "s3n": ("s3", "s3fs"),
+    "gs": ("gcs", "gcsfs"), "gcs": ("gcs", "gcsfs"),
+    "abfs": ("abfs", "adlfs"), "abfss": ("abfs", "adlfs"), "az": ("abfs", "adlfs"),
+    "wasb": ("abfs", "adlfs"), "wasbs": ("abfs", "adlfs"),
+}
+_EXTRAS = {"s3fs": "sparkdist[s3]", "gcsfs": "sparkdist[gcs]", "adlfs": "sparkdist[azure]"}
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
 
 
 class PathExistsError(SparkdistError, FileExistsError):
     """The target path exists and overwriting was not asked for."""
 
 
-def resolve(path: str) -> tuple[pafs.FileSystem, str]:
-    """The filesystem of ``path`` and the path inside it (relative local paths made absolute)."""
-    if path.startswith("dbfs:/"):  # Databricks mounts DBFS at /dbfs on every node
-        path = "/dbfs/" + path[len("dbfs:/"):].lstrip("/")
-    if "://" not in path and not path.startswith("file:"):
-        path = os.path.abspath(path)
-    return pafs.FileSystem.from_uri(path)
+@dataclass(frozen=True)
+class Location:
+    """A path resolved to its fsspec filesystem: ``fs`` and the path inside it."""
+
+    fs: Any
+    path: str
+    url: str
+
+    @property
+    def local(self) -> bool:
+        return "file" in _protocols(self.fs)
+
+    def child(self, name: str) -> str:
+        return f"{self.url.rstrip('/')}/{name}"
 
 
-def exists(path: str) -> bool:
-    filesystem, inner = resolve(path)
-    return filesystem.get_file_info(inner).type != pafs.FileType.NotFound
+def locate(url: str, param: str = "path") -> Location:
+    """The filesystem of ``url`` and the path inside it, or ParamError for a scheme sparkdist
+    does not support (``param`` names the argument in the message)."""
+    import fsspec
 
-
-def remove(path: str) -> None:
-    filesystem, inner = resolve(path)
-    info = filesystem.get_file_info(inner)
-    if info.type == pafs.FileType.Directory:
-        filesystem.delete_dir(inner)
-    elif info.type != pafs.FileType.NotFound:
-        filesystem.delete_file(inner)
-
-
-@contextmanager
-def atomic_directory(path: str, overwrite: bool = False) -> Iterator[str]:
-    """Yield a temporary sibling of ``path`` to write into; on success it replaces ``path``.
-
-    A failure part-way leaves ``path`` as it was (the temporary directory is removed), so
-    readers never see a half-written directory.
-    """
-    path = path.rstrip("/")
-    if exists(path) and not overwrite:
-        raise PathExistsError(f"'{path}' already exists; choose a new path, or overwrite it "
-                              "explicitly (model.write().overwrite().save(path)).")
-    temp = f"{path}._tmp-{uuid.uuid4().hex[:8]}"
+    scheme = _scheme(url)
+    if scheme is None:  # a local path; dbfs:/ is mounted at /dbfs on every Databricks node
+        return Location(fsspec.filesystem("file"), os.path.abspath(url), url)
+    if scheme not in SCHEMES:
+        raise ParamError(f"{param}={url!r}: sparkdist cannot write '{scheme}://' paths; use a "
+                         f"local path or one of {', '.join(s + '://' for s in SCHEMES)}.")
+    protocol, package = SCHEMES[scheme]
+    rest = url[len(scheme) + 1:]
+    if scheme in ("file", "dbfs"):
+        local = ("/dbfs/" if scheme == "dbfs" else "/") + rest.lstrip("/")
+        return Location(fsspec.filesystem("file"), os.path.abspath(local), url)
     try:
-        yield temp
-        if exists(path):
-            remove(path)
-        filesystem, inner = resolve(temp)
-        filesystem.move(inner, resolve(path)[1])
+        fs = fsspec.filesystem(protocol, use_listings_cache=False, skip_instance_cache=True)
+    except ImportError as err:
+        raise ParamError(f"{param}={url!r} needs the '{package}' package ({err}); install it "
+                         f"with `pip install {_EXTRAS.get(package, package)}`.") from err
+    return Location(fs, fs._strip_protocol(f"{protocol}:{rest}").rstrip("/"), url)
+
+
+def check_target(url: str, param: str = "path") -> Location:
+    """A path that a save may replace: never empty, a filesystem or bucket root, the working
+    directory or one of its parents (ParamError), so ``save("")`` or ``save("/")`` cannot
+    delete more than a model."""
+    if not url or not url.strip():
+        raise ParamError(f"{param} is empty; give the directory to save into, e.g. "
+                         "'models/churn'.")
+    where = locate(url, param)
+    if where.local:
+        cwd = os.path.realpath(os.getcwd())
+        target = os.path.realpath(where.path)
+        if target == os.path.dirname(target) or cwd == target or cwd.startswith(target + os.sep):
+            raise ParamError(f"{param}={url!r} is {target!r}, the filesystem root, the working "
+                             "directory or a parent of it; save into a directory of its own, "
+                             "e.g. 'models/churn'.")
+    elif "/" not in where.path.strip("/"):
+        raise ParamError(f"{param}={url!r} is the root of a bucket or container; save into a "
+                         f"directory in it, e.g. '{url.rstrip('/')}/models/churn'.")
+    return where
+
+
+def exists(url: str) -> bool:
+    where = locate(url)
+    return bool(where.fs.exists(where.path))
+
+
+def is_empty_dir(url: str) -> bool:
+    where = locate(url)
+    return bool(where.fs.isdir(where.path)) and not where.fs.ls(where.path, detail=False)
+
+
+def listdir(url: str) -> list[str]:
+    """Names of the entries directly in ``url`` (empty when it does not exist)."""
+    where = locate(url)
+    try:
+        return sorted(os.path.basename(p.rstrip("/")) for p in where.fs.ls(where.path,
+                                                                            detail=False))
+    except FileNotFoundError:
+        return []
+
+
+def remove(url: str) -> None:
+    where = locate(url)
+    with contextlib.suppress(FileNotFoundError):
+        where.fs.rm(where.path, recursive=True)
+
+
+def read_bytes(url: str) -> bytes:
+    where = locate(url)
+    return bytes(where.fs.cat_file(where.path))
+
+
+def write_bytes(url: str, data: bytes) -> None:
+    """Write ``url`` whole or not at all: temp + rename on stores that rename files atomically
+    (local, HDFS), one PUT on object stores (a PUT is never seen half-written)."""
+    where = locate(url)
+    parent = os.path.dirname(where.path)
+    if not _renames_atomically(where.fs):
+        where.fs.pipe_file(where.path, data)
+        return
+    where.fs.makedirs(parent, exist_ok=True)
+    temp = f"{parent}/.{os.path.basename(where.path)}.tmp-{uuid.uuid4().hex[:8]}"
+    try:
+        where.fs.pipe_file(temp, data)
+        where.fs.mv(temp, where.path)
     finally:
-        if exists(temp):
-            remove(temp)
+        with contextlib.suppress(FileNotFoundError):
+            where.fs.rm_file(temp)
 
 
+def create_exclusive(url: str, data: bytes) -> None:
+    """Write ``url`` whole, or raise PathExistsError when it already exists, also when another
+    writer creates it at the same moment (one of two racing writers wins)."""
+    where = locate(url)
+    if where.local:
+        parent = os.path.dirname(where.path)
+        os.makedirs(parent, exist_ok=True)
+        temp = f"{parent}/.{os.path.basename(where.path)}.tmp-{uuid.uuid4().hex[:8]}"
+        with open(temp, "wb") as out:
+            out.write(data)
+        try:
+            os.link(temp, where.path)  # atomic, and fails if the name exists
+        except FileExistsError as err:
+            raise PathExistsError(f"'{url}' was created by another writer.") from err
+        finally:
+            os.unlink(temp)
+        return
+    if "s3" in _protocols(where.fs):
+        try:
+            where.fs.pipe_file(where.path, data, mode="create")  # PUT with If-None-Match: *
+        except (FileExistsError, OSError) as err:
+            if where.fs.exists(where.path):
+                raise PathExistsError(f"'{url}' was created by another writer.") from err
+            raise
+        return
+    # Stores without a conditional create here (HDFS, GCS, Azure): check, then write; two
+    # writers within the same instant can both pass the check.
+    if where.fs.exists(where.path):
+        raise PathExistsError(f"'{url}' was created by another writer.")
+    write_bytes(url, data)
+
+
+def _protocols(fs: Any) -> set[str]:
+    return {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
+
+
+def _renames_atomically(fs: Any) -> bool:
+    return bool({"file", "hdfs", "arrow_hdfs"} & _protocols(fs))
+
+
+def _scheme(url: str) -> str | None:
+    match = _SCHEME.match(url)
+    if match is None or (len(match.group(1)) == 1 and os.name == "nt"):  # C:\ on Windows
+        return None
+    return match.group(1).lower()
+
+
+# --------------------------------------------------------------------- Spark's own writers
+def jvm_can_write(spark: Any, url: str) -> bool:
+    """Whether Spark's JVM (Hadoop FileSystem) handles ``url``'s scheme: always for local
+    paths; on Spark Connect the server is asked nothing and assumed to."""
+    scheme = _scheme(url)
+    if scheme in (None, "file", "dbfs"):
+        return True
+    from sparkdist.session import is_connect
+
+    if is_connect(spark):
+        return True
+    try:
+        jvm = spark.sparkContext._jvm
+        jvm.org.apache.hadoop.fs.FileSystem.getFileSystemClass(
+            scheme, spark.sparkContext._jsc.hadoopConfiguration())
+        return True
+    except Exception:
+        return False
+
+
+def jvm_path(url: str) -> str:
+    """``url`` as Spark's JVM should see it (Databricks paths through their local mount)."""
+    where = locate(url)
+    return where.path if where.local else url
+
+
+@contextlib.contextmanager
+def jvm_output(spark: Any, url: str) -> Iterator[str]:
+    """A path for Spark's own writers (MLlib models, Pipelines) whose files end up at
+    ``url``: ``url`` itself when the JVM can write there; otherwise, on a local master (whose
+    executors share this disk), a local directory uploaded to ``url`` afterwards."""
+    if jvm_can_write(spark, url):
+        yield jvm_path(url)
+        return
+    staging = _staging_dir(spark, url)
+    try:
+        yield staging
+        where = locate(url)
+        where.fs.put(staging.rstrip("/") + "/", where.path, recursive=True)
+    finally:
+        shutil.rmtree(os.path.dirname(staging), ignore_errors=True)
+
+
+def jvm_input(spark: Any, url: str) -> str:
+    """A path Spark's own readers can load ``url`` from: ``url`` itself, or (as for
+    :func:`jvm_output`) a local copy kept until this process exits, because some MLlib models
+    (ALS) read their files lazily."""
+    if jvm_can_write(spark, url):
+        return jvm_path(url)
+    staging = _staging_dir(spark, url)
+    atexit.register(shutil.rmtree, os.path.dirname(staging), True)
+    where = locate(url)
+    where.fs.get(where.path.rstrip("/") + "/", staging, recursive=True)
+    return staging
+
+
+def _staging_dir(spark: Any, url: str) -> str:
+    master = spark.conf.get("spark.master", "") or ""
+    if not master.startswith("local"):
+        raise ParamError(f"'{url}': Spark on this cluster has no Hadoop filesystem for "
+                         f"'{_scheme(url)}://' (add its connector, e.g. hadoop-aws for s3a://, "
+                         "or use a path Spark can write).")
+    return os.path.join(tempfile.mkdtemp(prefix="sparkdist-stage-"), "data")
+
+
+# ---------------------------------------------------------------------------- checkpoints
 class Checkpoints:
     """Numbered checkpoints (``ckpt-<step>``) in one directory, the last ``keep`` kept.
 
-    A checkpoint is written to a temporary name and renamed into place, and carries its length
+    A checkpoint is written whole or not at all (:func:`write_bytes`) and carries its length
     and SHA-256: a write cut short by a kill is never picked up, and a damaged file is skipped
     with a warning in favour of the one before it.
     """
@@ -91,45 +294,31 @@ class Checkpoints:
 
     def __init__(self, root: str, keep: int = 3) -> None:
         self.root, self.keep = root.rstrip("/"), max(1, keep)
-        self.filesystem, self.inner = resolve(self.root)
+        self.location = locate(self.root, "checkpointDir")
 
     def check_writable(self, param: str = "checkpointDir") -> None:
-        """Create the directory and write, read and delete a probe file, or raise ParamError."""
-        probe = f"{self.inner}/.probe-{uuid.uuid4().hex[:8]}"
+        """Write, read and delete a probe file, or raise ParamError."""
+        probe = f"{self.root}/.probe-{uuid.uuid4().hex[:8]}"
         try:
-            self.filesystem.create_dir(self.inner, recursive=True)
-            with self.filesystem.open_output_stream(probe) as out:
-                out.write(b"ok")
-            self.filesystem.delete_file(probe)
-        except (OSError, pyarrow.ArrowException) as err:
+            write_bytes(probe, b"ok")
+            read_bytes(probe)
+            remove(probe)
+        except Exception as err:  # any store error: the directory is not usable
             raise ParamError(f"{param}='{self.root}' is not writable ({err}); choose a "
                              f"directory this driver and every executor can write.") from err
 
     def steps(self) -> list[int]:
         """Steps of the checkpoints present, oldest first."""
-        try:
-            infos = self.filesystem.get_file_info(pafs.FileSelector(self.inner))
-        except FileNotFoundError:
-            return []
-        found = (self._NAME.match(info.base_name) for info in infos)
+        found = (self._NAME.match(name) for name in listdir(self.root))
         return sorted(int(match.group(1)) for match in found if match)
 
     def save(self, step: int, payload: bytes) -> None:
-        """Write checkpoint ``step`` atomically, then drop all but the newest ``keep``."""
+        """Write checkpoint ``step`` whole, then drop all but the newest ``keep``."""
         body = (self.MAGIC + len(payload).to_bytes(8, "big")
                 + hashlib.sha256(payload).digest() + payload)
-        final = self._path(step)
-        temp = f"{final}.tmp-{uuid.uuid4().hex[:8]}"
-        self.filesystem.create_dir(self.inner, recursive=True)
-        try:
-            with self.filesystem.open_output_stream(temp) as out:
-                out.write(body)
-            self.filesystem.move(temp, final)
-        finally:
-            if self.filesystem.get_file_info(temp).type != pafs.FileType.NotFound:
-                self.filesystem.delete_file(temp)
+        write_bytes(self._path(step), body)
         for old in self.steps()[:-self.keep]:
-            self.filesystem.delete_file(self._path(old))
+            remove(self._path(old))
 
     def latest(self) -> tuple[int, bytes] | None:
         """The newest checkpoint that reads back whole, or None; damaged ones are skipped."""
@@ -140,8 +329,7 @@ class Checkpoints:
         return None
 
     def read(self, step: int) -> bytes | None:
-        with self.filesystem.open_input_stream(self._path(step)) as stream:
-            body = stream.read()
+        body = read_bytes(self._path(step))
         head = len(self.MAGIC)
         size = int.from_bytes(body[head:head + 8], "big")
         digest, payload = body[head + 8:head + 40], body[head + 40:]
@@ -153,4 +341,4 @@ class Checkpoints:
         return payload
 
     def _path(self, step: int) -> str:
-        return f"{self.inner}/ckpt-{step:010d}"
+        return f"{self.root}/ckpt-{step:010d}"

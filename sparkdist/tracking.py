@@ -111,10 +111,14 @@ def _log_torch_module(mlflow: Any, model: Any) -> None:
 
 
 def load_model(run_id: str, uri: str | None = None) -> Any:
-    """The Spark model logged by :func:`log_model_run` (a PipelineModel)."""
+    """The Spark model logged by :func:`log_model_run` (a PipelineModel), read by
+    :func:`sparkdist.persist.load_model` and its class allowlist (``mlflow.spark.load_model``
+    imports whatever class the files name)."""
+    from sparkdist.persist import load_model as load_stage
+
     mlflow = _mlflow()
     mlflow.set_tracking_uri(tracking_uri(uri))
-    return mlflow.spark.load_model(f"runs:/{run_id}/model")
+    return load_stage(mlflow.artifacts.download_artifacts(f"runs:/{run_id}/model/sparkml"))
 
 
 def metric_names(metrics: Mapping[str, float]) -> dict[str, float]:

@@ -23,6 +23,7 @@ from sparkdist.config import ConfigError, DataConfig, ModelConfig, WorkflowConfi
 from sparkdist.evaluation import evaluate, final_stage, task_of
 from sparkdist.features import FeatureAssembler, FeatureAssemblerModel, split
 from sparkdist.features.split import training_split
+from sparkdist.persist import save_model
 from sparkdist.session import get_spark
 
 Progress = Callable[[str], None]
@@ -125,8 +126,7 @@ def _fit_one(name: str, params: dict[str, Any], estimator: Pipeline, config: Wor
     seconds = time.perf_counter() - start
     metrics = evaluate(model, test, k=config.evaluation.get("k", 10))
     if config.output.modelDir:
-        with store.atomic_directory(_model_path(config, name), config.output.overwrite) as tmp:
-            model.save(tmp)
+        save_model(model, _model_path(config, name), overwrite=config.output.overwrite)
     return ModelResult(name=name, params=params, model=model, metrics=metrics,
                        fit_seconds=seconds)
 

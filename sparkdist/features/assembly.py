@@ -27,8 +27,8 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import AtomicType, StringType, StructType
 
 from sparkdist.columns import is_numeric, require_columns, suggest
-from sparkdist.exceptions import ParamError, SchemaError
-from sparkdist.persist import ParamsPersistence, PersistentModel
+from sparkdist.exceptions import ModelLoadError, ParamError, SchemaError
+from sparkdist.persist import ParamsPersistence, PersistentModel, load_model, save_model
 
 NULL_POLICIES = ("error", "drop", "impute")
 _TMP = "_sparkdist_"  # prefix of the working columns a transform adds and drops again
@@ -297,13 +297,17 @@ class FeatureAssemblerModel(Model, _FeatureAssemblerParams, PersistentModel):
 
     def _save_artifacts(self, path: str) -> None:
         assert self._stages is not None
-        self._stages.write().save(f"{path}/stages")
+        save_model(self._stages, f"{path}/stages")
 
     @classmethod
     def _from_state(cls, state: dict[str, Any], path: str) -> FeatureAssemblerModel:
         model = cls(fill=state["fill"], labels=state["labels"])
         model.featureNames = state["featureNames"]
-        model._stages = PipelineModel.load(f"{path}/stages")
+        stages = load_model(f"{path}/stages")  # the same class allowlist as every load
+        if not isinstance(stages, PipelineModel):
+            raise ModelLoadError(f"'{path}/stages' holds a {type(stages).__name__}, not the "
+                                 "PipelineModel a FeatureAssemblerModel saves.")
+        model._stages = stages
         return model
 
 

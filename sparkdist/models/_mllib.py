@@ -13,8 +13,9 @@ from typing import Any, ClassVar
 from pyspark.ml import Estimator, Model
 from pyspark.ml.param import Params
 from pyspark.ml.wrapper import JavaEstimator, JavaModel
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 
+from sparkdist import store
 from sparkdist.persist import ParamsPersistence, PersistentModel
 
 MLLIB_DIR = "mllib"  # where the wrapped MLlib model lives inside a saved sparkdist model
@@ -88,11 +89,13 @@ class MLlibModel(Model, PersistentModel):
         return {}
 
     def _save_artifacts(self, path: str) -> None:
-        self.mllib_model.write().save(f"{path}/{MLLIB_DIR}")
+        with store.jvm_output(SparkSession.active(), f"{path}/{MLLIB_DIR}") as out:
+            self.mllib_model.write().save(out)
 
     @classmethod
     def _from_state(cls, state: dict[str, Any], path: str) -> MLlibModel:
-        model = cls(cls._mllib_model.load(f"{path}/{MLLIB_DIR}"))
+        model = cls(cls._mllib_model.load(
+            store.jvm_input(SparkSession.active(), f"{path}/{MLLIB_DIR}")))
         model._load_state(state)
         return model
 

@@ -21,6 +21,7 @@ from sparkdist.exceptions import ParamError, SchemaError
 from sparkdist.features import split
 from sparkdist.models import als as als_module
 from sparkdist.models.als import ALS, ALSModel
+from sparkdist.persist import data_dir
 
 COLS = {"userCol": "user_id", "itemCol": "item_id", "ratingCol": "rating"}
 FAST = {"numUserBlocks": 2, "numItemBlocks": 2}  # MLlib's 10x10 blocks are slow on 2 cores
@@ -226,7 +227,7 @@ def test_save_load_estimator_and_model(tmp_path, data, model):
 
     path = str(tmp_path / "model")
     model.write().save(path)
-    assert {"mllib", "user_index", "item_index", "metadata"} <= set(os.listdir(path))
+    assert {"mllib", "user_index", "item_index"} <= set(os.listdir(data_dir(path)))
     loaded = ALSModel.load(path)
     assert loaded.getUserCol() == "user_id" and loaded.rank == model.rank
     cols = ("user_id", "item_id", "prediction")

@@ -36,6 +36,7 @@ from sparkdist.models import (
     XGBoostRegressor,
 )
 from sparkdist.models.xgboost import BOOSTER_FILE, ModelLoadError
+from sparkdist.persist import data_dir
 
 pytestmark = pytest.mark.slow
 LABEL = "target"
@@ -158,7 +159,8 @@ def test_model_and_pipeline_save_load_identical(cancer_model, cancer_split, tmp_
     features = cancer_model.stages[0].transform(test).cache()
     model = cancer_model.stages[-1]
     model.write().save(str(tmp_path / "model"))
-    assert (tmp_path / "model" / BOOSTER_FILE).read_bytes()[:1] == b"{"
+    booster = pathlib.Path(data_dir(str(tmp_path / "model"))) / BOOSTER_FILE
+    assert booster.read_bytes()[:1] == b"{"
     loaded = XGBoostClassificationModel.load(str(tmp_path / "model"))
     assert loaded.uid == model.uid and loaded.getOrDefault("max_depth") == 3
     assert predictions(loaded, features) == predictions(model, features)
@@ -265,7 +267,7 @@ def test_pickle_carriers_are_refused(saved, marker, where):
         next((saved / "metadata").glob("part-*")).write_bytes(_pickled(marker))
     else:
         prefix = b"{" if where == "booster-brace" else b""
-        (saved / BOOSTER_FILE).write_bytes(prefix + _pickled(marker))
+        (pathlib.Path(data_dir(str(saved))) / BOOSTER_FILE).write_bytes(prefix + _pickled(marker))
     with pytest.raises(ModelLoadError):
         XGBoostClassificationModel.load(str(saved))
     assert not marker.exists()
