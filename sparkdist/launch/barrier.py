@@ -7,14 +7,21 @@
 - The stage ends in a shuffle (``.repartition(1)`` before the collect), which makes it a
   ShuffleMapStage: Spark retries a failed barrier stage as a whole, where a barrier stage that
   ends in a collect is never retried (../shared/design.md, section 4).
-- Rendezvous is one ``allGather`` per attempt (about 1 s each): rank 0 reserves free ports on
-  its own host and every task learns them. Nothing else uses Spark's barrier calls.
+- Rendezvous is one ``allGather`` per attempt (about 1 s each): rank 0 first starts the
+  backend's rendezvous server on port 0 (torch's ``TCPStore``, Horovod's HTTP store), then
+  every task learns its host and port, and each rank's host and executor id (the fit's
+  ``placement``). Nothing else uses Spark's barrier calls.
 - Every wait is bounded: the rendezvous (on the executors), the collectives (the backend's
   own timeout, from ``collective_timeout_s``) and the whole job (cancelled on the driver:
   its job group on classic Spark, its session tag, ``spark.interruptTag``, on Spark Connect;
   classic ``interruptTag`` only sees the tags of the calling thread, so a timer cannot use it).
 - Rank 0 may send progress records (small dicts) to the driver while the stage runs, over a
-  socket the driver listens on; ``on_report`` receives them in a driver thread.
+  socket the driver listens on; ``on_report`` receives them in a driver thread. Any process
+  that reaches the driver host can connect to it, so each fit draws a random token
+  (``secrets``) that travels to the tasks inside the task closure; records without it, lines
+  over 64 KiB and connections beyond ``2 * num_workers + 4`` are dropped, counted and
+  logged once. Failure reports can therefore only come from the fit's own tasks. The
+  token is as secret as Spark's task traffic: encrypted only where Spark's RPC is.
 - Spark Connect: the stage is launched with DataFrame calls only (no SparkContext, no RDD).
   The executors can reach the client only when the Connect server and its executors run on
   the client's host (``local[...]`` masters): then progress and failure reports work as on
@@ -31,9 +38,11 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import hmac
 import json
 import logging
 import os
+import secrets
 import socket
 import sys
 import tempfile
@@ -56,6 +65,10 @@ _LOG = logging.getLogger(__name__)
 _CHUNK = 64 << 20  # result bytes per output row, far below Arrow's 2 GiB cell limit
 _RESULT_SCHEMA = "part INT, payload BINARY"
 _LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+#: The longest report line the driver reads (bytes); a longer one ends its connection.
+REPORT_LINE_LIMIT = 64 << 10
+#: A connection must send its first, token-bearing line within this many seconds.
+_FIRST_LINE_S = 10.0
 #: Counted by tests and bench: the Spark barrier syncs a fit makes (the rendezvous only).
 SYNC_LOG_PREFIX = "sparkdist barrier sync"
 
@@ -67,7 +80,8 @@ class BarrierSettings:
     rendezvous_timeout_s: float = 120.0
     collective_timeout_s: float = 600.0
     report_address: tuple[str, int] | None = None
-    num_ports: int = 2
+    #: This fit's secret: the driver drops every report that does not carry it.
+    report_token: str = ""
     env: dict[str, str] = field(default_factory=dict)
 
 
@@ -78,6 +92,13 @@ class Rendezvous:
     master_addr: str
     ports: tuple[int, ...]
     hosts: tuple[str, ...]
+    executors: tuple[str, ...] = ()
+
+    def placement(self) -> list[dict[str, Any]]:
+        """Where each rank ran: ``[{"rank": 0, "executor_id": "1", "host": "10.0.0.5"}, ...]``
+        (``executor_id`` is "driver" in local mode)."""
+        return [{"rank": rank, "executor_id": executor, "host": host}
+                for rank, (executor, host) in enumerate(zip(self.executors, self.hosts))]
 
 
 class WorkerContext:
@@ -93,16 +114,22 @@ class WorkerContext:
         self._tail: collections.deque[str] = collections.deque(maxlen=40)
         self._report_socket: socket.socket | None = None
         self._failure_reported = False
+        #: Each rank's executor id and host, once :meth:`rendezvous` has run.
+        self.placement: list[dict[str, Any]] = []
         self.scratch = tempfile.mkdtemp(prefix=f"sparkdist-rank{self.rank}-")
         #: Names this stage attempt in failure reports: the lowest task id of the attempt once
         #: the rendezvous told it, this task's id before (ids of a retry are all higher).
         self.attempt_key: int = task.taskAttemptId()
 
-    def rendezvous(self) -> Rendezvous:
-        """One allGather: rank 0's host and free ports reach every rank (bounded wait)."""
+    def rendezvous(self, listen: Callable[[str], list[int]] | None = None) -> Rendezvous:
+        """One allGather (bounded wait): every rank learns rank 0's host, the ports of the
+        servers rank 0 started before it with ``listen(host)``, and each rank's host and
+        executor. ``listen`` binds port 0 and returns the ports the OS gave: no port is
+        reserved, released and bound again (where another process could take it)."""
         host = self._task.getTaskInfos()[self.rank].address.rsplit(":", 1)[0]
-        ports = _free_ports(host, self.settings.num_ports) if self.rank == 0 else []
-        message = json.dumps({"host": host, "ports": ports, "task": self.attempt_key})
+        ports = listen(host) if self.rank == 0 and listen is not None else []
+        message = json.dumps({"host": host, "ports": ports, "task": self.attempt_key,
+                              "executor": _executor_id()})
         self.log(f"{SYNC_LOG_PREFIX}: rendezvous of {self.world_size} (task attempt "
                  f"{self._task.taskAttemptId()})")
         gathered = _with_timeout(lambda: self._task.allGather(message),
@@ -112,8 +139,11 @@ class WorkerContext:
                                  f"{self.settings.rendezvous_timeout_s:.0f} s")
         peers = [json.loads(item) for item in gathered]
         self.attempt_key = min(peer["task"] for peer in peers)
-        return Rendezvous(master_addr=peers[0]["host"], ports=tuple(peers[0]["ports"]),
-                          hosts=tuple(peer["host"] for peer in peers))
+        found = Rendezvous(master_addr=peers[0]["host"], ports=tuple(peers[0]["ports"]),
+                           hosts=tuple(peer["host"] for peer in peers),
+                           executors=tuple(peer["executor"] for peer in peers))
+        self.placement = found.placement()
+        return found
 
     def log(self, message: str) -> None:
         """Print to the executor's stderr and keep the line for the error tail."""
@@ -132,7 +162,7 @@ class WorkerContext:
         try:
             if self._report_socket is None:
                 self._report_socket = socket.create_connection(address, timeout=5)
-            self._report_socket.sendall((json.dumps(record) + "\n").encode())
+            self._report_socket.sendall(self._signed(record))
         except OSError as err:
             self.log(f"progress report to the driver failed ({err}); training goes on")
             self.settings = BarrierSettings(**{**self.settings.__dict__,
@@ -158,7 +188,15 @@ class WorkerContext:
                   "attempt": self.attempt_key, "world_size": self.world_size}
         with contextlib.suppress(OSError), \
                 socket.create_connection(address, timeout=5) as connection:
-            connection.sendall((json.dumps(record) + "\n").encode())
+            connection.sendall(self._signed(record))
+
+    def _signed(self, record: dict[str, Any]) -> bytes:
+        """One report line with this fit's token, cut to fit the driver's line limit."""
+        line = json.dumps({**record, "token": self.settings.report_token})
+        if len(line) >= REPORT_LINE_LIMIT and "failure" in record:  # keep the message's end
+            cut = {**record, "failure": "..." + str(record["failure"])[-(REPORT_LINE_LIMIT // 8):]}
+            line = json.dumps({**cut, "token": self.settings.report_token})
+        return (line + "\n").encode()
 
     def close(self) -> None:
         if self._report_socket is not None:
@@ -205,12 +243,15 @@ def run_barrier(df: DataFrame, worker: Worker, args: dict[str, Any], num_workers
     spark = df.sparkSession
     tag = f"sparkdist-{uuid.uuid4().hex[:12]}"  # the job group (classic) or tag (Connect)
     attempts = _Attempts(max_retries, functools.partial(_cancel, spark, tag))
-    with _report_server(df, on_report, attempts) as address:
+    token = secrets.token_hex(16)  # reaches the tasks inside the task closure, via Spark
+    with _report_server(_driver_host(df), token, _dispatcher(on_report, attempts),
+                        max_connections=2 * num_workers + 4) as address:
         if address is None and is_connect(spark) and max_retries is not None:
             _LOG.warning("%s: the executors cannot reach this Spark Connect client, so "
                          "maxRetries=%s is not enforced; spark.stage.maxConsecutiveAttempts "
                          "on the server bounds the retries.", description, max_retries)
-        task_settings = BarrierSettings(**{**settings.__dict__, "report_address": address})
+        task_settings = BarrierSettings(**{**settings.__dict__, "report_address": address,
+                                           "report_token": token})
         task = functools.partial(_barrier_task, worker, args, task_settings)
         stage = (_with_partitions(df, num_workers)
                  .mapInArrow(task, _RESULT_SCHEMA, barrier=True)
@@ -313,18 +354,26 @@ def _barrier_task(worker: Worker, args: dict[str, Any], settings: BarrierSetting
              "payload": pa.array(chunks, pa.binary())})
 
 
-def _free_ports(host: str, count: int) -> list[int]:
-    """Ports the OS says are free now on ``host`` (held together so they differ)."""
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind((host, 0))
-            sockets.append(sock)
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
+def _executor_id() -> str:
+    """This task's Spark executor: ``$SPARK_EXECUTOR_ID`` (set on Kubernetes), else the
+    ``--executor-id`` argument of the executor JVM that started this Python worker (its parent
+    or the daemon's parent: standalone, YARN, Kubernetes), else "driver" when that JVM has none
+    (local mode runs tasks in the driver), else "unknown" (no /proc: not Linux). Spark passes
+    the id to neither the Python worker's environment nor its TaskContext."""
+    if os.environ.get("SPARK_EXECUTOR_ID"):
+        return os.environ["SPARK_EXECUTOR_ID"]
+    pid = os.getpid()
+    with contextlib.suppress(OSError, IndexError, ValueError):
+        for _ in range(3):  # worker -> daemon -> JVM
+            with open(f"/proc/{pid}/stat") as stat:
+                pid = int(stat.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                args = cmdline.read().split(b"\0")
+            if b"--executor-id" in args:
+                return args[args.index(b"--executor-id") + 1].decode()
+            if args[0].endswith(b"java"):
+                return "driver"
+    return "unknown"
 
 
 def _with_timeout(call: Callable[[], Any], timeout_s: float, message: str) -> Any:
@@ -436,26 +485,50 @@ def _cancel(spark: Any, tag: str) -> None:
         _LOG.warning("could not cancel the sparkdist jobs %s: %s", tag, err)
 
 
-@contextlib.contextmanager
-def _report_server(df: DataFrame, on_report: Callable[[dict[str, Any]], None] | None,
-                   attempts: _Attempts) -> Iterator[tuple[str, int] | None]:
-    """Listen on the driver host, while the stage runs, for rank 0's progress records and
-    any rank's failure report."""
-    host = _driver_host(df)
-    if host is None:
-        yield None
-        return
-
+def _dispatcher(on_report: Callable[[dict[str, Any]], None] | None,
+                attempts: _Attempts) -> Callable[[dict[str, Any]], None]:
     def dispatch(record: dict[str, Any]) -> None:
         if "failure" in record:
             attempts.record(record)
         elif on_report is not None:
             on_report(record)
+    return dispatch
 
+
+class _Gate:
+    """Who may report: a line must carry this fit's token and fit :data:`REPORT_LINE_LIMIT`;
+    at most ``max_connections`` connections are read at once. Counts what it drops."""
+
+    def __init__(self, token: str, max_connections: int) -> None:
+        self._token = token.encode()
+        self.slots = threading.BoundedSemaphore(max_connections)
+        self.dropped: collections.Counter[str] = collections.Counter()
+        self._lock = threading.Lock()
+
+    def authentic(self, record: Any) -> bool:
+        token = record.pop("token", None) if isinstance(record, dict) else None
+        return isinstance(token, str) and hmac.compare_digest(token.encode(), self._token)
+
+    def drop(self, why: str) -> None:
+        with self._lock:
+            self.dropped[why] += 1
+
+
+@contextlib.contextmanager
+def _report_server(host: str | None, token: str, dispatch: Callable[[dict[str, Any]], None],
+                   max_connections: int) -> Iterator[tuple[str, int] | None]:
+    """Listen on ``host`` (the driver's), while the stage runs, for rank 0's progress records
+    and any rank's failure report; pass the authentic ones to ``dispatch``. Anyone who can
+    reach the port can connect, so records without ``token`` are dropped (and counted, and
+    logged once at the end), as are oversized lines and connections beyond the cap."""
+    if host is None:
+        yield None
+        return
+    gate = _Gate(token, max_connections)
     server = socket.create_server((host, 0))
     server.settimeout(0.5)
     stop = threading.Event()
-    thread = threading.Thread(target=_serve_reports, args=(server, stop, dispatch),
+    thread = threading.Thread(target=_serve_reports, args=(server, stop, gate, dispatch),
                               daemon=True)
     thread.start()
     try:
@@ -464,27 +537,63 @@ def _report_server(df: DataFrame, on_report: Callable[[dict[str, Any]], None] | 
         stop.set()
         thread.join(5)
         server.close()
+        if gate.dropped:
+            _LOG.warning("the report socket dropped %d unauthenticated or oversized "
+                         "report(s)/connection(s) from %s: %s", sum(gate.dropped.values()),
+                         host, dict(gate.dropped))
 
 
-def _serve_reports(server: socket.socket, stop: threading.Event,
+def _serve_reports(server: socket.socket, stop: threading.Event, gate: _Gate,
                    dispatch: Callable[[dict[str, Any]], None]) -> None:
-    """Accept connections; each is read to its end in its own thread (ranks report at once)."""
+    """Accept connections; each is read to its end in its own thread (ranks report at once),
+    at most ``gate.slots`` at a time."""
     while not stop.is_set():
         try:
             connection, _ = server.accept()
         except (TimeoutError, OSError):
             continue
-        threading.Thread(target=_read_reports, args=(connection, dispatch), daemon=True).start()
+        if not gate.slots.acquire(blocking=False):
+            gate.drop("connection over the cap")
+            connection.close()
+            continue
+        threading.Thread(target=_read_reports, args=(connection, gate, dispatch),
+                         daemon=True).start()
 
 
-def _read_reports(connection: socket.socket, dispatch: Callable[[dict[str, Any]], None]) -> None:
-    connection.settimeout(None)
-    with connection, connection.makefile("r") as lines:
-        for line in lines:
-            try:
-                dispatch(json.loads(line))
-            except Exception as err:  # a bad record must not stop training
-                _LOG.warning("ignoring a progress record: %s", err)
+def _read_reports(connection: socket.socket, gate: _Gate,
+                  dispatch: Callable[[dict[str, Any]], None]) -> None:
+    """Dispatch each authentic line; the first bad one (no token, too long, not JSON) or a
+    first line that does not come within ``_FIRST_LINE_S`` ends the connection."""
+    connection.settimeout(_FIRST_LINE_S)
+    try:
+        with connection, connection.makefile("rb") as lines:
+            while line := lines.readline(REPORT_LINE_LIMIT + 1):
+                record = _check_line(line, gate)
+                if isinstance(record, str):  # why it is dropped
+                    gate.drop(record)
+                    return
+                connection.settimeout(None)  # authenticated: rank 0 reports once an epoch
+                try:
+                    dispatch(record)
+                except Exception as err:  # a bad record must not stop training
+                    _LOG.warning("ignoring a progress record: %s", err)
+    except OSError:
+        gate.drop("connection silent or reset")
+    finally:
+        gate.slots.release()
+
+
+def _check_line(line: bytes, gate: _Gate) -> dict[str, Any] | str:
+    """The record in ``line``, or why it is dropped."""
+    if len(line) > REPORT_LINE_LIMIT:
+        return f"line over {REPORT_LINE_LIMIT} bytes"
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return "not JSON"
+    if not gate.authentic(record):
+        return "without this fit's token"
+    return record
 
 
 def _driver_host(df: DataFrame) -> str | None:

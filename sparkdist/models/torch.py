@@ -429,9 +429,10 @@ class TorchModel(Model, _TorchParams, PersistentModel):
     def trainingSummary(self) -> dict[str, Any]:
         """How the fit ran: rows, validation_rows, steps_per_epoch, world_size, best_epoch,
         spill_seconds (rank 0 reading its partition from Spark into the local feed file),
-        run_id and resumed_from_epoch (the checkpoint it continued from, or None)."""
+        run_id, resumed_from_epoch (the checkpoint it continued from, or None) and placement
+        (each rank's executor id and host: ``[{"rank": 0, "executor_id": "1", "host": ...}]``)."""
         keys = ("rows", "validation_rows", "steps_per_epoch", "world_size", "best_epoch",
-                "spill_seconds", "run_id", "resumed_from_epoch")
+                "spill_seconds", "run_id", "resumed_from_epoch", "placement")
         return {key: self._info.get(key) for key in keys}
 
     @property

@@ -1,12 +1,14 @@
 """Communication backends for data-parallel training: what differs between torch.distributed
 and Horovod, behind one small interface so the training loop is written once.
 
-A backend starts the process group from the barrier stage's rendezvous, wraps the model and
-optimizer so gradients are averaged across ranks, makes every rank start from rank 0's
-weights, sums tensors across ranks, and shuts down.
+A backend runs the barrier stage's rendezvous and starts the process group from it, wraps the
+model and optimizer so gradients are averaged across ranks, makes every rank start from rank
+0's weights, sums tensors across ranks, and shuts down. Rank 0 starts the backend's rendezvous
+server on port 0 before the allGather that publishes its port, so no port is reserved and
+released first (a window in which another process could bind it).
 
 - ``torch`` (default): ``DistributedDataParallel``; gloo on CPU, NCCL on GPU (ring
-  all-reduce), bounded by ``init_process_group(timeout=...)``.
+  all-reduce), bounded by ``init_process_group(timeout=...)``; rank 0 hosts the ``TCPStore``.
 - ``horovod``: ``horovod.torch`` with its gloo controller. Rank 0 runs Horovod's rendezvous
   server inside its task; every task sets the ``HOROVOD_*`` environment and calls
   ``hvd.init()``; ``DistributedOptimizer`` averages gradients.
@@ -23,7 +25,7 @@ from sparkdist.exceptions import ParamError
 if TYPE_CHECKING:
     import torch
 
-    from sparkdist.launch.barrier import Rendezvous, WorkerContext
+    from sparkdist.launch.barrier import WorkerContext
 
 BACKENDS = ("torch", "horovod")
 HOROVOD_INSTALL = ("Horovod is not installed in this Python environment. Build it against "
@@ -56,17 +58,28 @@ class TorchBackend:
 
     def __init__(self) -> None:
         self._device: Any = None
+        self._store: Any = None
 
-    def init(self, context: WorkerContext, rendezvous: Rendezvous,
-             device: torch.device) -> None:
+    def init(self, context: WorkerContext, device: torch.device) -> None:
+        """Rendezvous, then join the process group through rank 0's ``TCPStore``."""
         import torch.distributed as dist
 
         self._device = device
-        dist.init_process_group(
-            "nccl" if device.type == "cuda" else "gloo",
-            init_method=f"tcp://{rendezvous.master_addr}:{rendezvous.ports[0]}",
-            rank=context.rank, world_size=context.world_size,
-            timeout=datetime.timedelta(seconds=context.settings.collective_timeout_s))
+        timeout = datetime.timedelta(seconds=context.settings.collective_timeout_s)
+        world = context.world_size
+
+        def listen(host: str) -> list[int]:
+            # Binds port 0; does not wait for the others, who learn the port from the gather.
+            self._store = dist.TCPStore(host, 0, world, is_master=True, timeout=timeout,
+                                        wait_for_workers=False)
+            return [self._store.port]
+
+        rendezvous = context.rendezvous(listen)
+        if context.rank != 0:
+            self._store = dist.TCPStore(rendezvous.master_addr, rendezvous.ports[0], world,
+                                        is_master=False, timeout=timeout)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=self._store,
+                                rank=context.rank, world_size=world, timeout=timeout)
 
     def wrap_model(self, model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
         """DDP broadcasts rank 0's parameters and buffers when it wraps the model."""
@@ -90,6 +103,7 @@ class TorchBackend:
 
         if dist.is_initialized():
             dist.destroy_process_group()
+        self._store = None  # rank 0: closes the store's listening socket
 
 
 class HorovodBackend:
@@ -106,17 +120,22 @@ class HorovodBackend:
         self._server: Any = None
         self._initialized = False
 
-    def init(self, context: WorkerContext, rendezvous: Rendezvous,
-             device: torch.device) -> None:
+    def init(self, context: WorkerContext, device: torch.device) -> None:
+        """Rendezvous (rank 0 binds Horovod's HTTP store first), then ``hvd.init()``."""
         if not horovod_available():
             raise ParamError(HOROVOD_INSTALL)
         import horovod.torch as hvd
 
-        plan = _slot_plan(rendezvous.hosts)
-        port = rendezvous.ports[1]
-        if context.rank == 0:
-            self._server = _RendezvousServer(rendezvous.master_addr, port, plan)
+        def listen(host: str) -> list[int]:
+            self._server = _RendezvousServer(host)
+            return [self._server.port]
+
         try:
+            rendezvous = context.rendezvous(listen)
+            plan = _slot_plan(rendezvous.hosts)
+            port = rendezvous.ports[0]
+            if self._server is not None:
+                self._server.start(plan)
             os.environ.update(_horovod_env(plan[context.rank], rendezvous.master_addr, port,
                                            context.settings.collective_timeout_s))
             hvd.init()
@@ -161,27 +180,33 @@ class HorovodBackend:
 
 
 class _RendezvousServer:
-    """Horovod's gloo rendezvous (HTTP key-value store) on the port rank 0 reserved.
+    """Horovod's gloo rendezvous (HTTP key-value store), bound to port 0 on rank 0's host
+    before the allGather publishes the port; it serves once :meth:`start` gives it the plan.
 
     ``horovod.runner.http.http_server.RendezvousServer.start()`` in 0.28.1 picks a random port
     of its own and never closes its socket, so its HTTP server class is used directly here.
     """
 
-    def __init__(self, host: str, port: int, plan: list[Any]) -> None:
-        import threading
-
+    def __init__(self, host: str) -> None:
         from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
 
-        self._httpd = RendezvousHTTPServer((host, port), RendezvousHandler, 0)
+        self._httpd = RendezvousHTTPServer((host, 0), RendezvousHandler, 0)
+        self.port: int = self._httpd.server_address[1]
+        self._thread: Any = None
+
+    def start(self, plan: list[Any]) -> None:
+        import threading
+
         self._httpd.init(plan)
         self._thread = threading.Thread(target=self._httpd.serve_forever,
                                         name="horovod-rendezvous", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
-        self._httpd.shutdown()
+        if self._thread is not None:
+            self._httpd.shutdown()
+            self._thread.join(timeout=10)
         self._httpd.server_close()
-        self._thread.join(timeout=10)
 
 
 def _slot_plan(hosts: tuple[str, ...]) -> list[Any]:

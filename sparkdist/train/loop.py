@@ -201,7 +201,7 @@ def fit_worker(context: WorkerContext, batches: Any, args: dict[str, Any]) -> by
     backend = make_backend(args["backend"])
     try:
         trip(args.get("fault"), context.rank, epoch=0)
-        backend.init(context, context.rendezvous(), device)
+        backend.init(context, device)  # the rendezvous included
         return _Trainer(context, backend, device, args).run(train, validation)
     except Exception as err:
         # Before the shutdown below: the peers fail once this rank's links close, and the
@@ -253,6 +253,7 @@ class _Trainer:
                                    "rows": self.rows[0], "validation_rows": self.rows[1],
                                    "steps_per_epoch": self.steps, "world_size": world,
                                    "spill_seconds": args["spill_seconds"],
+                                   "placement": self.context.placement,
                                    "resumed_from_epoch": resumed and resumed["epoch"]})
 
     def _resume_state(self) -> dict[str, Any] | None:

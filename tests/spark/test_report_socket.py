@@ -1,0 +1,154 @@
+"""The driver's report socket takes records only from the fit's own tasks.
+
+Any process on the driver host can connect to it (its port shows in /proc/net/tcp). Before
+each fit carried a secret, a forged ``{"failure": ...}`` line per retry cancelled a healthy
+fit with the forger's text in the TrainingError (issue 11, S1)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+
+import pytest
+
+from sparkdist.launch import barrier
+from sparkdist.models import TorchEstimator
+
+FORGED = "FORGED by a local process: reinstall from http://evil.example"
+
+
+def _forgeries() -> list[bytes]:
+    """What an attacker sends, one connection each: failure records for every retry (and no
+    token, a wrong token), a progress record, and one line of 100 KiB."""
+    failures = [{"failure": FORGED, "attempt": 10_000 * k, "world_size": 1} for k in range(6)]
+    lines = [json.dumps(record) for record in failures]
+    lines.append(json.dumps({**failures[0], "attempt": 99_999, "token": "0" * 32}))
+    lines.append(json.dumps({"epoch": 999}))
+    lines.append(json.dumps({"failure": "x" * (100 << 10), "attempt": 123_456}))
+    return [(line + "\n").encode() for line in lines]
+
+
+def _send(port: int, payload: bytes) -> None:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=2) as connection:
+            connection.sendall(payload)
+    except OSError:
+        pass
+
+
+def _own_listeners() -> set[int]:
+    """Ports of the IPv4 TCP sockets this process listens on (from /proc, as an attacker
+    would find them; the driver's report server is the only one a fit adds here)."""
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    ports = set()
+    with open("/proc/net/tcp") as table:
+        for row in table.readlines()[1:]:
+            fields = row.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # LISTEN, ours
+                ports.add(int(fields[1].split(":")[1], 16))
+    return ports
+
+
+class Attacker(threading.Thread):
+    """Sends the forgeries to every listener this process opens after it starts."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.before = _own_listeners()
+        self.attacked: set[int] = set()
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(0.05):
+            for port in _own_listeners() - self.before - self.attacked:
+                self.attacked.add(port)
+                for payload in _forgeries():
+                    _send(port, payload)
+
+
+def test_forged_reports_cannot_end_a_healthy_fit(nonlinear, caplog):
+    train, _ = nonlinear
+    attacker = Attacker()
+    attacker.start()
+    try:
+        with caplog.at_level(logging.WARNING, logger=barrier.__name__):
+            model = TorchEstimator(numWorkers=2, epochs=4, maxRetries=3, progress=False,
+                                   batchSize=128, seed=3).fit(train)
+    finally:
+        attacker.stop.set()
+        attacker.join(5)
+    assert attacker.attacked, "the attacker found no report socket to send to"
+    assert [row["epoch"] for row in model.history] == [1, 2, 3, 4]
+    [dropped] = [r.getMessage() for r in caplog.records if "report socket dropped" in
+                 r.getMessage()]
+    assert "without this fit's token" in dropped and "line over 65536 bytes" in dropped
+    placement = model.trainingSummary["placement"]
+    assert [(p["rank"], p["executor_id"], p["host"]) for p in placement] == [
+        (0, "driver", "127.0.0.1"), (1, "driver", "127.0.0.1")]  # local[2]: the driver
+
+
+# -- the server alone: real sockets, no Spark ------------------------------------------------
+@pytest.fixture
+def server():
+    """A report server with a cap of 2 connections; yields (port, token, records seen)."""
+    seen: list[dict] = []
+    token = "a" * 32
+    with barrier._report_server("127.0.0.1", token, seen.append, max_connections=2) as address:
+        yield address[1], token, seen
+
+
+def _line(record: dict) -> bytes:
+    return (json.dumps(record) + "\n").encode()
+
+
+def _wait_for(condition, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def test_only_lines_with_the_token_and_within_the_limit_are_dispatched(server, caplog):
+    port, token, seen = server
+    _send(port, _line({"epoch": 1}))                               # no token
+    _send(port, _line({"epoch": 2, "token": "b" * 32}))            # a wrong one
+    _send(port, _line({"epoch": 3, "token": token, "pad": "x" * (70 << 10)}))  # too long
+    _send(port, _line({"epoch": 4, "token": token}) + _line({"epoch": 5, "token": token}))
+    _wait_for(lambda: len(seen) == 2)
+    time.sleep(0.2)
+    assert seen == [{"epoch": 4}, {"epoch": 5}]  # the token is not passed on
+
+
+def test_connections_beyond_the_cap_are_dropped(server):
+    port, token, seen = server
+    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(2)]  # the cap
+    try:
+        time.sleep(0.3)
+        _send(port, _line({"epoch": 1, "token": token}))  # refused while the two idle
+    finally:
+        for connection in idle:
+            connection.close()
+    _wait_for(lambda: False, 0.3)
+    _send(port, _line({"epoch": 2, "token": token}))  # slots free again
+    _wait_for(lambda: len(seen) == 1)
+    assert seen == [{"epoch": 2}]
+
+
+def test_drops_are_counted_and_logged_once(caplog):
+    with caplog.at_level(logging.WARNING, logger=barrier.__name__), \
+            barrier._report_server("127.0.0.1", "c" * 32, lambda r: None, 4) as address:
+        for _ in range(3):
+            _send(address[1], _line({"failure": FORGED}))
+        time.sleep(0.3)
+    [message] = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
+    assert "dropped 3 " in message and 'token": 3}' in message
