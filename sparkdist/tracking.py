@@ -83,6 +83,7 @@ def log_model_run(name: str, params: Mapping[str, Any], metrics: Mapping[str, fl
         mlflow.log_metrics(metric_names(metrics))
         mlflow.log_dict(dict(split), "split.json")
         mlflow.log_dict({"features": features}, "features.json")
+        _log_training_summary(mlflow, model)
         for figure_name, figure in figures.items():
             mlflow.log_figure(figure, f"plots/{figure_name}.png")
         # Explicit requirements: inferring them re-loads the model in a subprocess (slow).
@@ -90,6 +91,21 @@ def log_model_run(name: str, params: Mapping[str, Any], metrics: Mapping[str, fl
                                pip_requirements=[f"pyspark=={pyspark.__version__}", "sparkdist"])
         _log_torch_module(mlflow, model)
         return str(run.info.run_id)
+
+
+def _log_training_summary(mlflow: Any, model: Any) -> None:
+    """The final stage's ``trainingSummary`` (TorchModel, XGBoost models) as
+    ``training_summary.json``; where the ranks ran also as the ``placement`` param."""
+    import json
+
+    from sparkdist.evaluation import final_stage
+
+    summary = getattr(final_stage(model), "trainingSummary", None)
+    if not summary:
+        return
+    mlflow.log_dict(dict(summary), "training_summary.json")
+    if summary.get("placement"):
+        mlflow.log_param("placement", json.dumps(summary["placement"])[:6000])
 
 
 def _log_torch_module(mlflow: Any, model: Any) -> None:

@@ -1,6 +1,10 @@
 """A real standalone cluster (a master and two workers from the pip pyspark): spark-submit the
 deep-model job and SIGKILL one executor JVM while it trains; the job must still finish.
 
+The job is submitted as the README says, ``spark-submit --master spark://...`` and nothing
+else telling sparkdist the master: the training ranks must run on the cluster's executors
+(their ids and hosts are in the fit's summary and the MLflow run), not on the driver.
+
 Spark retries the training stage as a whole (it is a barrier stage followed by a shuffle), the
 Worker relaunches the killed executor, and every rank of the retried attempt resumes from the
 last checkpoint rank 0 wrote, so the epochs done before the kill are not trained again.
@@ -71,10 +75,8 @@ def submit(cluster, config: Path, tmp_path: Path) -> subprocess.Popen:
     python = sys.executable
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo",
            "PYSPARK_PYTHON": python, "PYSPARK_DRIVER_PYTHON": python,
-           "SPARK_CONF_DIR": str(cluster.base / "conf"),
-           # get_spark() replaces spark-submit's --master with local[*] unless told the
-           # master here as well (it sets spark.master on the session builder).
-           "SPARKDIST_MASTER": cluster.master_url}
+           "SPARK_CONF_DIR": str(cluster.base / "conf")}
+    env.pop("SPARKDIST_MASTER", None)  # spark-submit's --master alone must decide
     conf = {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
             "spark.ui.enabled": "false", "spark.executor.cores": "1", "spark.cores.max": "2",
             "spark.executor.memory": "1g", "spark.sql.shuffle.partitions": "2",
@@ -196,3 +198,14 @@ def test_job_survives_a_killed_executor(cluster, tmp_path):
     run = next(r for r in runs if r.info.run_name == "TorchEstimator")
     assert run.info.status == "FINISHED"
     assert run.data.metrics["auc"] > 0.75 and run.data.params["epochs"] == str(EPOCHS)
+
+    # The ranks of the attempt that finished ran on two of this cluster's executors.
+    summary = mlflow.artifacts.load_dict(f"{run.info.artifact_uri}/training_summary.json")
+    placement = summary["placement"]
+    assert json.loads(run.data.params["placement"]) == placement
+    executors = {log.parent.name for log in cluster.executor_logs()}  # work/<app>/<id>/
+    print(f"placement {placement}; the cluster's executors {sorted(executors)}")
+    assert [p["rank"] for p in placement] == [0, 1]
+    assert {p["executor_id"] for p in placement} <= executors and "driver" not in executors
+    assert len({p["executor_id"] for p in placement}) == 2  # one 1-core executor per rank
+    assert {p["host"] for p in placement} == {"127.0.0.1"}
