@@ -11,13 +11,17 @@ classifiers do) through a pandas UDF, so Spark's evaluators and ``sparkdist.eval
 unchanged. A model saves its Params and history as JSON and its weights as a ``torch.save``d
 state dict, loaded with ``weights_only=True``; the network class is stored by qualified name.
 
-The ``model`` and ``loss`` Params hold names (a class or function given in code is recorded
-under its qualified name, see :func:`sparkdist.train.loop.to_name`). Before anything is called,
-the driver resolves ``model`` to an ``nn.Module`` subclass and ``loss`` to a built-in loss, an
-``nn.Module`` loss class or a function given in code (:func:`~sparkdist.train.loop.resolve_model`,
-:func:`~sparkdist.train.loop.resolve_loss`); anything else is a ParamError at fit, transform and
-``module()``, and ``TorchModel.load`` refuses a ``model`` that does not resolve with a
-ModelLoadError. A module named only in a Param is never imported.
+The ``model`` and ``loss`` Params hold names. A class or function given in code is stored by
+its qualified name and recorded in this process (:func:`sparkdist.train.loop.to_name`), so
+``setParams``, ``copy`` and CrossValidator grids train the class asked for. Before anything is
+called, the driver resolves ``model`` to an ``nn.Module`` subclass and ``loss`` to a built-in
+loss, an ``nn.Module`` loss class or a function given in code, and ships the resolved objects
+to the executors (a class cloudpickle sends by value, e.g. from ``__main__`` or a module
+registered with ``register_pickle_by_value``, needs no import there). Anything else
+is a ParamError at fit, transform and ``module()``; ``TorchModel.load`` (and so
+``persist.load_model``) refuses a ``model`` that does not resolve with a ModelLoadError. Names
+are looked up only in modules this process has already imported (or sparkdist's own): a module
+named only in a Param is never imported.
 
 Examples
 --------
@@ -127,7 +131,8 @@ class TorchEstimator(Estimator, _TorchParams, HasSeed, HasRecovery, ParamsPersis
 
     Parameters
     ----------
-    model : an ``nn.Module`` subclass or its qualified name (default: sparkdist's MLP).
+    model : an ``nn.Module`` subclass, or its qualified name in a module this process has
+        imported (default: sparkdist's MLP).
     modelKwargs : JSON-able constructor arguments.
     loss : 'bce' (binary labels 0/1, one output), 'cross_entropy' (class indices 0..k-1,
         k outputs), 'mse' (regression), an ``nn.Module`` class whose instance (made without
@@ -227,7 +232,7 @@ class TorchEstimator(Estimator, _TorchParams, HasSeed, HasRecovery, ParamsPersis
                          timeoutSeconds=86400.0, rendezvousTimeoutSeconds=300.0,
                          progress=True, allowUnencrypted=False,
                          seed=stable_seed(type(self).__name__))
-        self.setParams(**self._input_kwargs)
+        self.setParams(**self._input_kwargs)  # type: ignore[attr-defined]
 
     @keyword_only
     def setParams(self, **kwargs: Any) -> TorchEstimator:
@@ -309,7 +314,7 @@ class TorchEstimator(Estimator, _TorchParams, HasSeed, HasRecovery, ParamsPersis
 
     def _check_data(self, prepared: DataFrame) -> dict[str, Any]:
         """One Spark job: rows, vector lengths, bad values, label range."""
-        stats = prepared.agg(*_data_aggregates()).first().asDict()
+        stats = prepared.agg(*_data_aggregates()).collect()[0].asDict()
         source = ", ".join(self.featureSource())
         if stats["rows"] == 0:
             raise SchemaError("TorchEstimator got an empty DataFrame; there is nothing to train.")

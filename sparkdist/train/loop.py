@@ -230,7 +230,7 @@ class _Trainer:
         args, world = self.args, self.context.world_size
         counts = self._all_counts(train.num_rows, validation.num_rows)
         self.steps = max(1, math.ceil(int(counts[:, 0].sum()) / args["batch_size"]))
-        self.global_sizes = sum(step_sizes(int(n), self.steps) for n in counts[:, 0])
+        self.global_sizes: Any = sum(step_sizes(int(n), self.steps) for n in counts[:, 0])
         self.rows = (int(counts[:, 0].sum()), int(counts[:, 1].sum()))
         torch.manual_seed(args["seed"])  # identical initial weights on every rank
         module = build_module(args["module"], args["module_kwargs"],
@@ -318,7 +318,7 @@ class _Trainer:
             patience = args["patience"]
             stopped = bool(best and patience and epoch + 1 - best["epoch"] >= patience)
             self._checkpoint(epoch + 1, module, optimizer, history, best, stopped)
-            if stopped:
+            if stopped and best:
                 self.context.log(f"early stop after epoch {epoch + 1}: no better val_loss "
                                  f"for {patience} epochs (best epoch {best['epoch']})")
                 break
