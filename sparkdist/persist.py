@@ -84,7 +84,7 @@ def save_model(stage: Any, path: str, overwrite: bool = False, spark: Any = None
     spark = spark or _active_spark()
     path = path.rstrip("/")
     previous = _committed_record(path)
-    if previous is None and store.exists(path) and not store.is_empty_dir(path):
+    if previous is None and _foreign_entries(path):
         raise (store.PathExistsError if not overwrite else ParamError)(
             f"'{path}' exists and is not a saved model; sparkdist saves into a new path or "
             "replaces a saved model only. Choose another path (or delete it yourself).")
@@ -129,6 +129,13 @@ def _write_stage(stage: Any, data: str, spark: Any) -> dict[str, Any]:
                      "PipelineModels and pyspark.ml's JVM-backed stages.")
 
 
+def _foreign_entries(path: str) -> list[str]:
+    """What is at ``path`` besides versions and metadata (a file at ``path`` counts)."""
+    if store.is_file(path):
+        return [path]
+    return [n for n in store.listdir(path) if n != "metadata" and not _VERSION.match(n)]
+
+
 def _sweep(path: str, keep: str, previous: dict[str, Any] | None) -> None:
     """Remove what no commit names any more: the version the previous commit named (or, for
     a directory written before versions, its files), and versions of killed saves. A version
@@ -141,8 +148,8 @@ def _sweep(path: str, keep: str, previous: dict[str, Any] | None) -> None:
         legacy = match is None and previous is not None and replaced is None
         if name not in (keep, "metadata") and (name == replaced or stale or legacy):
             store.remove(f"{path}/{name}")
-    for name in store.listdir(f"{path}/metadata"):
-        if name != "part-00000" and not name.startswith("."):
+    for name in store.listdir(f"{path}/metadata"):  # Spark's part file, _SUCCESS, .crc
+        if name != "part-00000" and not name.startswith(".part-00000.tmp-"):
             store.remove(f"{path}/metadata/{name}")
 
 

@@ -124,9 +124,9 @@ def exists(url: str) -> bool:
     return bool(where.fs.exists(where.path))
 
 
-def is_empty_dir(url: str) -> bool:
+def is_file(url: str) -> bool:
     where = locate(url)
-    return bool(where.fs.isdir(where.path)) and not where.fs.ls(where.path, detail=False)
+    return bool(where.fs.isfile(where.path))
 
 
 def listdir(url: str) -> list[str]:

@@ -1,55 +1,117 @@
-"""All-or-nothing directory writes and checkpoints (no Spark needed)."""
+"""Stores, whole-or-nothing files, the paths a save may replace, and checkpoints (no Spark)."""
 
 from __future__ import annotations
+
+import os
+import threading
 
 import pytest
 
 from sparkdist.exceptions import ParamError
-from sparkdist.store import Checkpoints, PathExistsError, atomic_directory, exists, remove, resolve
+from sparkdist.store import (
+    Checkpoints,
+    PathExistsError,
+    check_target,
+    create_exclusive,
+    exists,
+    listdir,
+    locate,
+    read_bytes,
+    remove,
+    write_bytes,
+)
 
 
-def _write(directory: str, text: str) -> None:
-    from pathlib import Path
-
-    Path(directory).mkdir(parents=True)
-    (Path(directory) / "part").write_text(text)
-
-
-def test_success_moves_the_directory_into_place(tmp_path):
-    target = str(tmp_path / "model")
-    with atomic_directory(target) as temp:
-        assert temp != target and not exists(target)
-        _write(temp, "new")
-    assert (tmp_path / "model" / "part").read_text() == "new"
-    assert [p.name for p in tmp_path.iterdir()] == ["model"]  # no temporary left
+# ------------------------------------------------------------------------------ paths
+@pytest.mark.parametrize("path", ["", "  ", "/", "file:/", "file:///"])
+def test_empty_and_root_paths_are_refused(path):
+    with pytest.raises(ParamError, match="empty|root"):
+        check_target(path)
 
 
-def test_existing_path_is_refused_without_overwrite(tmp_path):
-    _write(str(tmp_path / "model"), "old")
-    with pytest.raises(PathExistsError, match="overwrite"), \
-            atomic_directory(str(tmp_path / "model")):
-        pytest.fail("the block must not run")
-    assert (tmp_path / "model" / "part").read_text() == "old"
+def test_the_working_directory_and_its_parents_are_refused(tmp_path, monkeypatch):
+    work = tmp_path / "project" / "run"
+    work.mkdir(parents=True)
+    monkeypatch.chdir(work)
+    for path in (".", "./", str(work), "..", str(tmp_path), f"file://{tmp_path}"):
+        with pytest.raises(ParamError, match="working directory"):
+            check_target(path)
+    assert check_target("models/churn").path == str(work / "models" / "churn")
 
 
-def test_failure_keeps_the_old_directory_and_leaves_no_temporary(tmp_path):
-    _write(str(tmp_path / "model"), "old")
-    with pytest.raises(RuntimeError, match="disk full"), \
-            atomic_directory(str(tmp_path / "model"), overwrite=True) as temp:
-        _write(temp, "half")
-        raise RuntimeError("disk full")
-    assert (tmp_path / "model" / "part").read_text() == "old"
-    assert [p.name for p in tmp_path.iterdir()] == ["model"]
+@pytest.mark.parametrize("path", ["s3://bucket", "s3a://bucket/", "gs://bucket"])
+def test_bucket_roots_are_refused(path):
+    pytest.importorskip("s3fs")
+    if path.startswith("gs"):
+        pytest.importorskip("gcsfs")
+    with pytest.raises(ParamError, match="root of a bucket"):
+        check_target(path)
 
 
-def test_overwrite_replaces_and_relative_paths_work(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    _write("model", "old")
-    with atomic_directory("model/", overwrite=True) as temp:
-        _write(temp, "new")
-    assert (tmp_path / "model" / "part").read_text() == "new"
-    remove("model")
-    assert not exists("model")
+@pytest.mark.parametrize("path", ["ftp://host/models", "foo://bucket/m", "http://x/y"])
+def test_unsupported_schemes_name_the_supported_ones(path):
+    with pytest.raises(ParamError, match=r"cannot write.*s3a://.*gs://.*abfss://"):
+        locate(path, "checkpointDir")
+
+
+def test_object_store_schemes_map_to_their_fsspec_filesystem():
+    pytest.importorskip("s3fs")
+    for url in ("s3://bucket/models/m", "s3a://bucket/models/m", "s3n://bucket/models/m"):
+        where = locate(url)
+        assert "s3" in where.fs.protocol and where.path == "bucket/models/m"
+
+
+def test_a_missing_filesystem_package_names_the_extra(monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_adlfs(name, *args, **kwargs):
+        if name.startswith("adlfs"):
+            raise ImportError("No module named 'adlfs'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_adlfs)
+    with pytest.raises(ParamError, match=r"adlfs.*sparkdist\[azure\]"):
+        locate("abfss://container@account.dfs.core.windows.net/models")
+
+
+def test_dbfs_and_volume_paths_are_local_paths():
+    assert locate("dbfs:/ml/ckpt").path == "/dbfs/ml/ckpt"
+    where = locate("/Volumes/main/default/ckpt/run-1")
+    assert where.local and where.path == "/Volumes/main/default/ckpt/run-1"
+
+
+# ------------------------------------------------------------------------------ files
+def test_write_bytes_replaces_whole_and_leaves_no_temporary(tmp_path):
+    target = str(tmp_path / "dir" / "file")
+    write_bytes(target, b"old")
+    write_bytes(target, b"new")
+    assert read_bytes(target) == b"new" and listdir(str(tmp_path / "dir")) == ["file"]
+    remove(str(tmp_path / "dir"))
+    assert not exists(str(tmp_path / "dir")) and listdir(str(tmp_path / "dir")) == []
+
+
+def test_create_exclusive_lets_exactly_one_racing_writer_win(tmp_path):
+    target = str(tmp_path / "metadata" / "part-00000")
+    start, outcomes = threading.Barrier(8), []
+
+    def writer(i: int) -> None:
+        start.wait()
+        try:
+            create_exclusive(target, f"writer {i}".encode())
+            outcomes.append(i)
+        except PathExistsError:
+            outcomes.append(-1)
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    winners = [i for i in outcomes if i >= 0]
+    assert len(winners) == 1 and read_bytes(target) == f"writer {winners[0]}".encode()
+    assert os.listdir(tmp_path / "metadata") == ["part-00000"]
 
 
 # ------------------------------------------------------------------------------ checkpoints
@@ -88,13 +150,3 @@ def test_an_unwritable_directory_names_the_param(tmp_path):
     blocker.write_text("not a directory")
     with pytest.raises(ParamError, match="checkpointDir=.*not writable"):
         Checkpoints(str(blocker / "run")).check_writable()
-
-
-def test_dbfs_paths_map_to_the_local_mount():
-    assert resolve("dbfs:/ml/ckpt")[1] == "/dbfs/ml/ckpt"
-
-
-def test_unity_catalog_volume_paths_are_local_paths():
-    filesystem, inner = resolve("/Volumes/main/default/ckpt/run-1")
-    assert inner == "/Volumes/main/default/ckpt/run-1"
-    assert filesystem.type_name == "local"
