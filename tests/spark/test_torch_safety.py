@@ -113,9 +113,20 @@ def test_loading_a_saved_model_that_names_a_payload_is_refused(fitted, tiny, mar
         load_model(path)
     data = str(tmp_path / "data.parquet")
     tiny.write.parquet(data)
-    assert cli(["predict", path, data, str(tmp_path / "out")]) == 2
-    assert f"model='{model}'" in capsys.readouterr().err
+    for command in (["predict", path, data, str(tmp_path / "out")], ["evaluate", path, data]):
+        assert cli(command) == 2
+        assert f"model='{model}'" in capsys.readouterr().err
     assert payloads["imported"] not in sys.modules
+
+
+def test_a_loaded_estimator_whose_params_name_a_payload_refuses_to_fit(tiny, marker, payloads,
+                                                                        tmp_path):
+    for params in ({"model": "os.system", "modelKwargs": _shell(marker)},
+                   {"loss": f"{payloads['called']}.plant"}):
+        path = str(tmp_path / f"planted-{len(params)}")
+        TorchEstimator(**params, **QUIET).write().save(path)
+        with pytest.raises(ParamError, match="not an nn.Module subclass|pass a function"):
+            TorchEstimator.load(path).fit(tiny)
 
 
 class PerRowL1(torch.nn.Module):
