@@ -34,7 +34,7 @@ import json
 import re
 import time
 import uuid
-from typing import Any
+from typing import Any, cast
 
 from pyspark.ml.param import Params
 from pyspark.ml.util import DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
@@ -114,7 +114,8 @@ def _write_stage(stage: Any, data: str, spark: Any) -> dict[str, Any]:
         if isinstance(stage, PersistentModel):
             stage._save_artifacts(data)
             extra = {STATE_KEY: stage._state()}
-        return json.loads(DefaultParamsWriter._get_metadata_to_save(stage, spark, extra))
+        return json.loads(DefaultParamsWriter._get_metadata_to_save(
+            cast(Params, stage), spark, extra))
     if isinstance(stage, PipelineModel):
         for index, inner in enumerate(stage.stages):
             save_model(inner, _stage_path(data, index, len(stage.stages), inner.uid),
@@ -178,7 +179,7 @@ def load_model(path: str, spark: Any = None) -> Any:
     return cls.load(store.jvm_input(spark, data_root(path, record)))
 
 
-def allowed_class(name: str, path: str) -> type:
+def allowed_class(name: str, path: str) -> type[Any]:
     """The class a saved directory names, if sparkdist loads it; else ModelLoadError. Only
     modules on the allowlist are imported, and only after the name matched one."""
     module, _, attr = name.replace("org.apache.spark", "pyspark").rpartition(".")
@@ -195,10 +196,10 @@ def allowed_class(name: str, path: str) -> type:
 
 
 @functools.cache
-def _pyspark_stages() -> dict[str, dict[str, type]]:
+def _pyspark_stages() -> dict[str, dict[str, type[Any]]]:
     from pyspark.ml.util import JavaMLReadable
 
-    allowed: dict[str, dict[str, type]] = {}
+    allowed: dict[str, dict[str, type[Any]]] = {}
     for module_name in PYSPARK_MODULES:
         module = importlib.import_module(module_name)
         allowed[module_name] = {
@@ -301,6 +302,7 @@ class _Reader(MLReader):
     def load(self, path: str) -> Any:
         path = path.rstrip("/")
         metadata = read_metadata(path, self.cls)
+        instance: Any
         if issubclass(self.cls, PersistentModel):
             state = metadata.get(STATE_KEY) or {}
             if not isinstance(state, dict):
@@ -341,7 +343,7 @@ class PersistentModel(ParamsPersistence):
         raise NotImplementedError
 
 
-def require_json_params(instance: Params) -> None:
+def require_json_params(instance: Any) -> None:
     """Raise ParamError for the first Param value JSON cannot hold (checked before writing)."""
     for param, value in {**instance._defaultParamMap, **instance._paramMap}.items():
         try:
@@ -369,7 +371,7 @@ def read_metadata(path: str, cls: type) -> dict[str, Any]:
     return metadata
 
 
-def restore_params(instance: Params, metadata: dict[str, Any], path: str) -> None:
+def restore_params(instance: Any, metadata: dict[str, Any], path: str) -> None:
     """Set the saved Params on ``instance``; unknown names are refused, not ignored."""
     known = {p.name for p in instance.params} - set(getattr(instance, "_transient_params", ()))
     for section, setter in (("defaultParamMap", instance._setDefault),
