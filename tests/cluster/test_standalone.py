@@ -189,7 +189,7 @@ def test_job_survives_a_killed_executor(cluster, tmp_path):
                          if line.startswith("{")][-1])
     assert report["metrics"]["TorchEstimator"]["auc"] > 0.75
     saved = tmp_path / "models" / "TorchEstimator"
-    assert (saved / "metadata").is_dir() and (saved / "stages").is_dir()
+    assert (saved / "metadata").is_dir() and any(saved.rglob("stages"))  # any save layout
 
     import mlflow
 
