@@ -18,6 +18,7 @@ import pytest
 from sparkdist.launch import barrier
 from sparkdist.models import TorchEstimator
 
+EPOCHS = 6  # at batch size 16, long enough for the forgeries to arrive during training
 FORGED = "FORGED by a local process: reinstall from http://evil.example"
 
 
@@ -67,6 +68,7 @@ class Attacker(threading.Thread):
         super().__init__(daemon=True)
         self.before = _own_listeners()
         self.attacked: set[int] = set()
+        self.done_at: float | None = None  # when every forgery had been sent
         self.stop = threading.Event()
 
     def run(self) -> None:
@@ -75,6 +77,7 @@ class Attacker(threading.Thread):
                 self.attacked.add(port)
                 for payload in _forgeries():
                     _send(port, payload)
+                self.done_at = time.monotonic()
 
 
 def test_forged_reports_cannot_end_a_healthy_fit(nonlinear, caplog):
@@ -83,13 +86,15 @@ def test_forged_reports_cannot_end_a_healthy_fit(nonlinear, caplog):
     attacker.start()
     try:
         with caplog.at_level(logging.WARNING, logger=barrier.__name__):
-            model = TorchEstimator(numWorkers=2, epochs=4, maxRetries=3, progress=False,
-                                   batchSize=128, seed=3).fit(train)
+            model = TorchEstimator(numWorkers=2, epochs=EPOCHS, maxRetries=3, progress=False,
+                                   batchSize=16, seed=3).fit(train)
+            fitted_at = time.monotonic()
     finally:
         attacker.stop.set()
         attacker.join(5)
-    assert attacker.attacked, "the attacker found no report socket to send to"
-    assert [row["epoch"] for row in model.history] == [1, 2, 3, 4]
+    assert attacker.done_at, "the attacker found no report socket to send to"
+    assert attacker.done_at < fitted_at - 1, "the forgeries came too late to test anything"
+    assert [row["epoch"] for row in model.history] == list(range(1, EPOCHS + 1))
     [dropped] = [r.getMessage() for r in caplog.records if "report socket dropped" in
                  r.getMessage()]
     assert "without this fit's token" in dropped and "line over 65536 bytes" in dropped
