@@ -510,6 +510,11 @@ class TorchModel(Model, _TorchParams, PersistentModel):
     def _save_artifacts(self, path: str) -> None:
         from sparkdist import store
 
+        name = self.getOrDefault("model")
+        if name.startswith("__main__."):
+            _LOG.warning("model=%r is defined in a notebook or script (__main__): %s loads only "
+                         "in a process that defines it again; to load it anywhere, move the "
+                         "class into a module and import it before loading.", name, path)
         store.write_bytes(f"{path}/{WEIGHTS_FILE}", _weights_bytes(self._weights))
 
     @classmethod

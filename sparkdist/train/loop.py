@@ -108,6 +108,11 @@ def _lookup(name: str, param: str) -> Any:
                               "sparkdist imports no module a Param names")
         return getattr(importlib.import_module(module_name), attribute)
     except (ImportError, AttributeError, ValueError) as err:
+        if module_name == "__main__":
+            raise ParamError(f"{param}={name!r} was defined in a notebook or script "
+                             f"(__main__) that this process does not define it in; run that "
+                             f"definition first, or move it into a module and import it before "
+                             f"the fit or load.") from err
         raise ParamError(f"{param}={name!r} cannot be imported ({err}); pass the class "
                          f"itself, or import its module (import {module_name or name}) "
                          f"before the fit or load.") from err

@@ -71,3 +71,23 @@ def test_a_cross_validator_grid_over_two_model_classes_trains_each(train):
         assert [_trained_class(model) for model in fold] == [Narrow, Wide]
     assert len(fitted.avgMetrics) == 2 and all(0 <= auc <= 1 for auc in fitted.avgMetrics)
     assert _trained_class(fitted.bestModel) in (Narrow, Wide)
+
+
+def test_a_notebook_class_scores_in_session_and_says_how_to_load_it_elsewhere(
+        train, tmp_path, caplog):
+    """Report case T7: a class defined in a notebook or script lives in ``__main__``, which
+    the executors' Python workers do not have."""
+    from sparkdist.exceptions import ModelLoadError
+    from sparkdist.models import TorchModel
+    from sparkdist.train import loop
+
+    main_net = type("MainNet", (Narrow,), {"__module__": "__main__", "width": 4})
+    model = TorchEstimator(model=main_net, epochs=1, batchSize=512, progress=False).fit(train)
+    scored = model.transform(train).where("prediction IS NOT NULL").count()
+    assert scored == train.count()  # transform ran the class on the executors
+    path = str(tmp_path / "model")
+    model.write().save(path)
+    assert "notebook or script (__main__)" in caplog.text and "into a module" in caplog.text
+    loop._REGISTRY.pop("__main__.MainNet")  # as in a new process, where the cell never ran
+    with pytest.raises(ModelLoadError, match=r"__main__.MainNet.*notebook or script.*module"):
+        TorchModel.load(path)
