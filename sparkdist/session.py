@@ -64,7 +64,8 @@ def get_spark(
     if active is not None and (is_connect(active) or (master is None and remote is None)):
         return active
     if remote:
-        return _connect(remote, app_name, conf)
+        return _stopped_at_exit(_connect(remote, app_name, conf))
+    launched = "PYSPARK_GATEWAY_PORT" in os.environ  # spark-submit or a notebook's launcher
     _prepare_launch(master)
     launcher = launcher_conf()
     master = _choose_master(launcher.get("spark.master"), master)
@@ -78,6 +79,24 @@ def get_spark(
             builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(log_level or os.environ.get(ENV_LOG_LEVEL, "WARN"))
+    return spark if launched else _stopped_at_exit(spark)
+
+
+def _stopped_at_exit(spark: SparkSession) -> SparkSession:
+    """Stop a session sparkdist created when the interpreter exits, before Python tears down
+    its objects: with pyspark 4.3.0, a Spark Connect client's ML objects release their server
+    cache in ``__del__`` during that teardown, and the gRPC call there starts a thread, which
+    blocks forever, so a script that never called ``spark.stop()`` would hang at exit. A stopped
+    client skips those calls. Sessions sparkdist did not create are never stopped."""
+    import atexit
+
+    def stop() -> None:
+        try:
+            spark.stop()
+        except Exception as err:  # exiting anyway: say why, never raise
+            _LOG.debug("stopping the Spark session at exit failed: %s", err)
+
+    atexit.register(stop)
     return spark
 
 

@@ -201,8 +201,9 @@ def main(argv: list[str]) -> int:
             results[name] = {"error": type(err).__name__, "message": str(err)[:3000],
                              "where": traceback.format_exc()[-1500:]}
         results[name]["seconds"] = round(time.monotonic() - began, 1)
-    spark.stop()
-    print(json.dumps(results, default=str))
+    # No spark.stop(): the script must end on its own once its last line has run (issue 19).
+    results["last_line_at"] = time.time()
+    print(json.dumps(results, default=str), flush=True)
     return 0
 
 

@@ -26,6 +26,7 @@ from sparkdist.session import get_spark, is_connect
 pytest.importorskip("grpc", reason="needs the connect extra: pip install sparkdist[connect]")
 
 DRIVER = Path(__file__).with_name("connect_driver.py")
+EXIT_WITHIN_S = 30  # from the script's last line to its exit
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # _sleep travels by value
 
 
@@ -82,12 +83,31 @@ def connect(tmp_path_factory) -> dict:
     work = tmp_path_factory.mktemp("connect")
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo"}
     env.pop("SPARK_REMOTE", None)
-    done = subprocess.run([sys.executable, str(DRIVER), str(work)], capture_output=True,
-                          text=True, timeout=900, env=env)
-    assert done.returncode == 0, done.stderr[-4000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    errors = work / "driver.err"
+    with errors.open("w") as stderr:
+        driver = subprocess.Popen([sys.executable, str(DRIVER), str(work)], env=env, text=True,
+                                  stdout=subprocess.PIPE, stderr=stderr)
+        last = next((line for line in driver.stdout if line.startswith('{"is_connect"')), "")
+        try:  # the script never stops its session: it must still end by itself (issue 19)
+            driver.wait(timeout=EXIT_WITHIN_S)
+        except subprocess.TimeoutExpired:
+            driver.kill()
+            driver.wait()
+    exited_at = time.time()
+    assert last, errors.read_text()[-4000:]
+    result = json.loads(last)
+    result["exit"] = {"code": driver.returncode, "after_last_line_s": exited_at -
+                      result["last_line_at"]}
     assert result["is_connect"] is True
     return result
+
+
+@pytest.mark.slow
+def test_a_script_that_never_stops_its_session_exits_by_itself(connect):
+    """The driver fits, evaluates, saves, loads and evaluates pipelines on a local Connect
+    session made by get_spark() and ends without spark.stop() (issue 19: pyspark 4.3.0 hung)."""
+    assert connect["exit"]["code"] == 0, connect["exit"]
+    assert connect["exit"]["after_last_line_s"] < EXIT_WITHIN_S
 
 
 def _ok(result: dict, name: str) -> dict:
