@@ -2,12 +2,15 @@
 
 Numeric columns pass through (optionally standardised), categorical columns are indexed and
 one-hot encoded (a category unseen at fit time encodes as all zeros), vector columns are
-appended as they are. Nulls follow ``nullPolicy``. The label is cast to double, or indexed
-when it is a string. Internally the work is done by MLlib stages, so it scales like them.
+appended as they are. Missing values, null or NaN, follow ``nullPolicy``; fit refuses
+infinities in numeric columns. The label is cast to double, or indexed when it is a string.
+Column names may hold any character, ``.`` and backticks included. Internally the work is
+done by MLlib stages, so it scales like them.
 """
 
 from __future__ import annotations
 
+from functools import reduce
 from typing import Any
 
 from pyspark import keyword_only
@@ -24,9 +27,9 @@ from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import HasLabelCol, HasOutputCol
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import AtomicType, StringType, StructType
+from pyspark.sql.types import AtomicType, DataType, DoubleType, FloatType, StringType, StructType
 
-from sparkdist.columns import is_numeric, require_columns, suggest
+from sparkdist.columns import col, is_numeric, require_columns, suggest
 from sparkdist.exceptions import ModelLoadError, ParamError, SchemaError
 from sparkdist.persist import ParamsPersistence, PersistentModel, load_model, save_model
 
@@ -50,8 +53,9 @@ class _FeatureAssemblerParams(HasLabelCol, HasOutputCol):
     )
     nullPolicy: Param[Any] = Param(
         Params._dummy(), "nullPolicy",
-        "nulls in input columns: 'error' (refuse at fit), 'drop' (drop the row) or 'impute' "
-        "(training mean for numeric, most frequent value for categorical columns)",
+        "missing (null or NaN) values in input columns: 'error' (refuse at fit), 'drop' (drop "
+        "the row, at fit and at transform) or 'impute' (training mean for numeric, most "
+        "frequent value for categorical columns)",
         typeConverter=TypeConverters.toString,
     )
     standardize: Param[Any] = Param(
@@ -70,9 +74,9 @@ class _FeatureAssemblerParams(HasLabelCol, HasOutputCol):
     def _inputs(self) -> list[tuple[str, str]]:
         """(param name, column) for every input column, in vector order."""
         return [
-            (param, col)
+            (param, name)
             for param in ("numericCols", "categoricalCols", "vectorCols")
-            for col in self.getOrDefault(param)
+            for name in self.getOrDefault(param)
         ]
 
 
@@ -106,7 +110,7 @@ class FeatureAssembler(Estimator, _FeatureAssemblerParams, ParamsPersistence):
 
     def _fit(self, dataset: DataFrame) -> FeatureAssemblerModel:
         self._validate(dataset.schema)
-        fill = self._check_nulls(dataset)
+        fill = self._check_values(dataset)
         labels = self._label_values(dataset)
         model = FeatureAssemblerModel(fill=fill, labels=labels)
         self._copyValues(model)
@@ -124,14 +128,14 @@ class FeatureAssembler(Estimator, _FeatureAssemblerParams, ParamsPersistence):
         if policy not in NULL_POLICIES:
             raise ParamError(f"nullPolicy={policy!r} is not one of {NULL_POLICIES}."
                              f"{suggest(policy, NULL_POLICIES)}")
-        columns = [col for _, col in inputs]
+        columns = [name for _, name in inputs]
         repeated = sorted({c for c in columns if columns.count(c) > 1})
         if repeated:
             raise ParamError(f"column(s) {repeated} are listed more than once across "
                              "numericCols, categoricalCols and vectorCols; list each once.")
-        for param, col in inputs:
-            require_columns(schema, [col], param)
-            _check_type(param, col, schema[col].dataType)
+        for param, name in inputs:
+            require_columns(schema, [name], param)
+            _check_type(param, name, schema[name].dataType)
         out = self.getOutputCol()
         if out in schema.fieldNames():
             raise SchemaError(f"outputCol '{out}' already exists in the DataFrame; "
@@ -142,24 +146,47 @@ class FeatureAssembler(Estimator, _FeatureAssemblerParams, ParamsPersistence):
         if label in schema.fieldNames():
             _check_label_type(label, schema[label].dataType)
 
-    def _check_nulls(self, dataset: DataFrame) -> dict[str, Any]:
-        """One pass: row and null counts; refuse empty data, all-null columns and (under
-        'error') any null. Returns the impute values (training mean / mode)."""
-        inputs = self._inputs()
-        aggs = [F.count(F.lit(1)).alias("rows")]
-        aggs += [F.count_if(F.col(c).isNull()).alias(f"n{i}") for i, (_, c) in enumerate(inputs)]
+    def _check_values(self, dataset: DataFrame) -> dict[str, Any]:
+        """One pass: row, missing (null or NaN) and infinity counts; refuse empty data,
+        infinities, all-missing columns, null string labels and (under 'error') any missing
+        value. Returns the impute values (training mean / mode)."""
+        inputs, schema = self._inputs(), dataset.schema
         numeric = self.getOrDefault(self.numericCols)
-        aggs += [F.avg(F.col(c).cast("double")).alias(f"m{i}") for i, c in enumerate(numeric)]
-        stats = dataset.agg(*aggs).first()
-        assert stats is not None
-        if stats["rows"] == 0:
+        values = {c: _missing_as_null(col(c), schema[c].dataType) for _, c in inputs}
+        aggs = [F.count(F.lit(1)).alias("rows")]
+        aggs += [F.count_if(values[c].isNull()).alias(f"n{i}") for i, (_, c) in enumerate(inputs)]
+        aggs += [F.count_if(F.abs(col(c)) == float("inf")).alias(f"inf{i}")
+                 for i, c in enumerate(numeric) if isinstance(schema[c].dataType, _FLOATS)]
+        aggs += [F.avg(values[c].cast("double")).alias(f"m{i}") for i, c in enumerate(numeric)]
+        label = self.getLabelCol()
+        string_label = label in schema.fieldNames() and isinstance(schema[label].dataType,
+                                                                   StringType)
+        if string_label:
+            aggs.append(F.count_if(col(label).isNull()).alias("label_nulls"))
+        row = dataset.agg(*aggs).first()
+        assert row is not None
+        stats = row.asDict()
+        rows = stats["rows"]
+        if rows == 0:
             raise SchemaError("FeatureAssembler.fit got an empty DataFrame (0 rows); "
                               "check the filter or split that produced it.")
+        infinite = {c: stats[f"inf{i}"] for i, c in enumerate(numeric)
+                    if stats.get(f"inf{i}")}
+        if infinite:
+            # No policy fits: an inf cannot be imputed over, and one inf turns the whole
+            # column into NaN under standardize (mean inf, std NaN).
+            raise SchemaError(f"numericCols: infinite values in {infinite} (column: count); "
+                              "replace them first, e.g. cap them at a finite value or set them "
+                              "to null and choose a nullPolicy.")
         nulls = {c: stats[f"n{i}"] for i, (_, c) in enumerate(inputs) if stats[f"n{i}"]}
-        for param, col in inputs:
-            if nulls.get(col) == stats["rows"]:
-                raise SchemaError(f"{param}: column '{col}' is null in all {stats['rows']} "
-                                  f"rows; remove it from {param}.")
+        for param, c in inputs:
+            if nulls.get(c) == rows:
+                raise SchemaError(f"{param}: column '{c}' is null in all {rows} rows (NaN "
+                                  f"counts as null); remove it from {param}.")
+        if string_label and stats["label_nulls"]:
+            raise SchemaError(f"labelCol: column '{label}' is null in {stats['label_nulls']} of "
+                              f"{rows} rows; a training row needs its label. Drop those rows "
+                              f"first (df.dropna(subset=['{label}'])) or fill them.")
         return self._fill_values(dataset, nulls, [stats[f"m{i}"] for i in range(len(numeric))])
 
     def _fill_values(self, dataset: DataFrame, nulls: dict[str, int],
@@ -167,7 +194,8 @@ class FeatureAssembler(Estimator, _FeatureAssemblerParams, ParamsPersistence):
         """Impute values for every input column: nulls may first appear at transform time."""
         policy = self.getOrDefault(self.nullPolicy)
         if policy == "error" and nulls:
-            raise SchemaError(f"nulls in input columns {nulls} (column: null count) under "
+            raise SchemaError(f"missing values in input columns {nulls} (column: count of nulls "
+                              "and NaNs) under "
                               "nullPolicy='error'; set nullPolicy='drop' to drop those rows or "
                               "'impute' to fill them with training means and modes.")
         if policy != "impute":
@@ -177,8 +205,8 @@ class FeatureAssembler(Estimator, _FeatureAssemblerParams, ParamsPersistence):
             raise SchemaError(f"vectorCols {vectors} contain nulls, which cannot be imputed; "
                               "use nullPolicy='drop' or fill them before assembling.")
         fill: dict[str, Any] = dict(zip(self.getOrDefault(self.numericCols), means))
-        for col in self.getOrDefault(self.categoricalCols):
-            fill[col] = _mode(dataset, col)
+        for c in self.getOrDefault(self.categoricalCols):
+            fill[c] = _mode(dataset, c)
         return fill
 
     def _label_values(self, dataset: DataFrame) -> list[str] | None:
@@ -187,7 +215,7 @@ class FeatureAssembler(Estimator, _FeatureAssemblerParams, ParamsPersistence):
         if label not in dataset.columns or not isinstance(dataset.schema[label].dataType,
                                                          StringType):
             return None
-        rows = dataset.select(label).where(F.col(label).isNotNull()).distinct().collect()
+        rows = dataset.select(col(label)).where(col(label).isNotNull()).distinct().collect()
         return sorted(r[0] for r in rows)
 
 
@@ -213,29 +241,38 @@ class FeatureAssemblerModel(Model, _FeatureAssemblerParams, PersistentModel):
     def _transform(self, dataset: DataFrame) -> DataFrame:
         assert self._stages is not None, "FeatureAssemblerModel has no fitted stages"
         require_columns(dataset.schema, [c for _, c in self._inputs()], "FeatureAssemblerModel")
+        out_col = self.getOutputCol()
+        if out_col in dataset.columns:
+            raise SchemaError(f"outputCol '{out_col}' already exists in the DataFrame; drop or "
+                              "rename that column first, or fit the assembler with another "
+                              "outputCol.")
+        self._check_unseen_labels(dataset)
         out = self._stages.transform(self._working(dataset))
-        out = out.withColumn(self.getOutputCol(), self._with_names(F.col(self.getOutputCol())))
+        out = out.withColumn(out_col, self._with_names(col(out_col)))
         out = out.drop(*[c for c in out.columns if c.startswith(_TMP)])
         return self._label(out)
 
     # -- how a DataFrame becomes the working columns the stages read -----------------------
     def _working(self, dataset: DataFrame) -> DataFrame:
         """Apply the null policy into working columns; the user's columns stay untouched."""
-        if self.getOrDefault(self.nullPolicy) == "drop":
-            dataset = dataset.dropna(subset=[c for _, c in self._inputs()])
-        extra = [self._working_col(param, col).alias(_TMP + f"in{i}")
-                 for i, (param, col) in enumerate(self._inputs())]
-        return dataset.select("*", *extra)
+        names = [_TMP + f"in{i}" for i in range(len(self._inputs()))]
+        extra = [self._working_col(param, c, dataset.schema[c].dataType).alias(name)
+                 for (param, c), name in zip(self._inputs(), names)]
+        working = dataset.select("*", *extra)
+        if self.getOrDefault(self.nullPolicy) == "drop":  # NaN is already null here
+            working = working.where(reduce(Column.__and__, [F.col(n).isNotNull() for n in names]))
+        return working
 
-    def _working_col(self, param: str, col: str) -> Column:
+    def _working_col(self, param: str, name: str, dtype: DataType) -> Column:
         kind = {"numericCols": "double", "categoricalCols": "string"}.get(param)
-        value = F.col(col) if kind is None else F.col(col).cast(kind)
-        if col in self.fill:
-            value = F.coalesce(value, F.lit(self.fill[col]).cast(kind or "double"))
+        value = _missing_as_null(col(name), dtype)
+        value = value if kind is None else value.cast(kind)
+        if name in self.fill:
+            value = F.coalesce(value, F.lit(self.fill[name]).cast(kind or "double"))
         return value
 
     def _stage_plan(self) -> list[Any]:
-        names = {col: _TMP + f"in{i}" for i, (_, col) in enumerate(self._inputs())}
+        names = {name: _TMP + f"in{i}" for i, (_, name) in enumerate(self._inputs())}
         numeric = [names[c] for c in self.getOrDefault(self.numericCols)]
         categorical = [names[c] for c in self.getOrDefault(self.categoricalCols)]
         vectors = [names[c] for c in self.getOrDefault(self.vectorCols)]
@@ -262,16 +299,16 @@ class FeatureAssemblerModel(Model, _FeatureAssemblerParams, PersistentModel):
         assert self._stages is not None
         names = list(self.getOrDefault(self.numericCols))
         indexers = [s for s in self._stages.stages if isinstance(s, StringIndexerModel)]
-        for col, labels in zip(self.getOrDefault(self.categoricalCols),
-                               indexers[0].labelsArray if indexers else []):
-            names += [f"{col}={label}" for label in labels]
+        for name, labels in zip(self.getOrDefault(self.categoricalCols),
+                                indexers[0].labelsArray if indexers else []):
+            names += [f"{name}={label}" for label in labels]
         vectors = self.getOrDefault(self.vectorCols)
         if vectors:
-            first = working.select(*vectors).where(
-                " AND ".join(f"`{c}` IS NOT NULL" for c in vectors)).first()
+            first = working.select(*[col(c) for c in vectors]).where(
+                reduce(Column.__and__, [col(c).isNotNull() for c in vectors])).first()
             assert first is not None, "vectorCols are null in every row"
-            for col in vectors:
-                names += [f"{col}[{j}]" for j in range(first[col].size)]
+            for c in vectors:
+                names += [f"{c}[{j}]" for j in range(first[c].size)]
         return names
 
     def _with_names(self, features: Column) -> Column:
@@ -285,11 +322,24 @@ class FeatureAssemblerModel(Model, _FeatureAssemblerParams, PersistentModel):
         if label not in dataset.columns:
             return dataset
         if self.labels is None:
-            return dataset.withColumn(label, F.col(label).cast("double"))
-        indexer = StringIndexerModel.from_labels(self.labels, inputCol=label,
-                                                 outputCol=_TMP + "label", handleInvalid="error")
-        indexed = indexer.transform(dataset)
-        return indexed.withColumn(label, F.col(_TMP + "label")).drop(_TMP + "label")
+            return dataset.withColumn(label, col(label).cast("double"))
+        # A null label (an unknown outcome, as in scoring data) stays null.
+        index = F.create_map(*[F.lit(v) for i, name in enumerate(self.labels)
+                               for v in (name, float(i))])
+        return dataset.withColumn(label, F.try_element_at(index, col(label)))
+
+    def _check_unseen_labels(self, dataset: DataFrame) -> None:
+        """Refuse a string label the model has no index for (one job over the label column;
+        a streaming DataFrame cannot run it, and there such a label becomes null)."""
+        label = self.getLabelCol()
+        if self.labels is None or label not in dataset.columns or dataset.isStreaming:
+            return
+        value = col(label).cast("string")
+        unseen = dataset.where(value.isNotNull() & ~value.isin(self.labels)).select(value).first()
+        if unseen is not None:
+            raise SchemaError(f"labelCol: column '{label}' holds {unseen[0]!r}, a label not seen "
+                              f"at fit (known labels: {self.labels}); drop or relabel those rows, "
+                              "or refit on data that includes it.")
 
     # -- persistence -------------------------------------------------------------------
     def _state(self) -> dict[str, Any]:
@@ -311,17 +361,17 @@ class FeatureAssemblerModel(Model, _FeatureAssemblerParams, PersistentModel):
         return model
 
 
-def _check_type(param: str, col: str, dtype: Any) -> None:
+def _check_type(param: str, name: str, dtype: Any) -> None:
     if param == "numericCols" and not is_numeric(dtype):
-        raise SchemaError(f"numericCols: column '{col}' has type {dtype.simpleString()}, not a "
+        raise SchemaError(f"numericCols: column '{name}' has type {dtype.simpleString()}, not a "
                           "numeric type; move it to categoricalCols, or cast it first "
-                          f"(F.col('{col}').cast('double')).")
+                          f"(F.col('{name}').cast('double')).")
     if param == "vectorCols" and not isinstance(dtype, VectorUDT):
-        raise SchemaError(f"vectorCols: column '{col}' has type {dtype.simpleString()}, not an "
+        raise SchemaError(f"vectorCols: column '{name}' has type {dtype.simpleString()}, not an "
                           "ML vector; list numeric columns under numericCols, or build the "
                           "vector with pyspark.ml.functions.array_to_vector.")
     if param == "categoricalCols" and not isinstance(dtype, AtomicType):
-        raise SchemaError(f"categoricalCols: column '{col}' has type {dtype.simpleString()}; "
+        raise SchemaError(f"categoricalCols: column '{name}' has type {dtype.simpleString()}; "
                           "categories must be strings, numbers or booleans.")
 
 
@@ -331,9 +381,17 @@ def _check_label_type(label: str, dtype: Any) -> None:
                           "must be numeric, boolean or string.")
 
 
-def _mode(dataset: DataFrame, col: str) -> str:
-    """Most frequent non-null value of ``col`` as a string (ties: smallest value)."""
-    value = F.col(col).cast("string")
+_FLOATS = (FloatType, DoubleType)
+
+
+def _missing_as_null(value: Column, dtype: DataType) -> Column:
+    """NaN as null: both are missing (MLlib's assembler refuses NaN, and avg spreads it)."""
+    return F.nanvl(value, F.lit(None).cast(dtype)) if isinstance(dtype, _FLOATS) else value
+
+
+def _mode(dataset: DataFrame, name: str) -> str:
+    """Most frequent non-missing value of ``name`` as a string (ties: smallest value)."""
+    value = _missing_as_null(col(name), dataset.schema[name].dataType).cast("string")
     row = (dataset.where(value.isNotNull()).groupBy(value.alias("v")).count()
            .orderBy(F.desc("count"), F.asc("v")).first())
     assert row is not None

@@ -26,7 +26,7 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import FractionalType, MapType
 
-from sparkdist.columns import is_discrete, is_temporal, require_columns, suggest
+from sparkdist.columns import col, is_discrete, is_temporal, quoted, require_columns, suggest
 from sparkdist.exceptions import ParamError, SchemaError
 
 METHODS = ("random", "stratified", "time", "group", "cold_start")
@@ -37,6 +37,9 @@ _SPLIT = "_sparkdist_split"
 _HASH_BITS = 53  # exactly representable in a double, so u is uniform on [0, 1)
 _MAX_STRATA = 1000
 _QUANTILE_ACCURACY = 1_000_000  # exact below a million rows, within 1e-6 of rank above
+#: How far the (exact) sum of the fractions may be from 1: float rounding of fractions such as
+#: 0.7 + 0.2 + 0.1, never a real shortfall such as 3 x 0.333333.
+_SUM_TOLERANCE = 1e-9
 
 
 class SplitResult(Mapping[str, DataFrame]):
@@ -80,7 +83,8 @@ def split(df: DataFrame, fractions: Mapping[str, float], method: str = "random",
 
     Parameters
     ----------
-    fractions : mapping of split name to fraction, in order; the fractions sum to 1.
+    fractions : mapping of split name to fraction, in order; the fractions sum to 1 (within
+        1e-9, so write thirds as 1/3, not 0.333333).
         For ``time`` earlier rows go to earlier splits; for ``cold_start`` the training side
         is the split named ``train`` (else the first).
     method : ``random`` (hash of ``keyCols``, default all columns), ``stratified`` (per-class
@@ -108,7 +112,7 @@ def split(df: DataFrame, fractions: Mapping[str, float], method: str = "random",
     elif method == "time":
         bounds = _time_cutoffs(df, str(timeCol), fracs, cutoffs)
         info["cutoffs"] = [b.isoformat() for b in bounds]
-        assigned = df.withColumn(_SPLIT, _by_time(F.col(str(timeCol)), names, bounds))
+        assigned = df.withColumn(_SPLIT, _by_time(col(str(timeCol)), names, bounds))
     else:
         assigned = _cold_start(df, str(userCol), str(itemCol), names, fracs, seed, keyCols)
     return SplitResult(assigned, names, info)
@@ -124,10 +128,10 @@ def _check_fractions(fractions: Mapping[str, float]) -> tuple[list[str], list[fl
         if not number or not math.isfinite(value) or value <= 0:
             raise ParamError(f"fractions[{name!r}]={value!r}: each fraction must be a number "
                              f"greater than 0; {example}.")
-    total = float(sum(fractions.values()))
-    if abs(total - 1.0) > 1e-6:
-        raise ParamError(f"fractions sum to {total:g}, not 1; scale them so they add up to 1 "
-                         f"({example}).")
+    total = math.fsum(fractions.values())  # exact, so the rule does not depend on the order
+    if abs(total - 1.0) > _SUM_TOLERANCE:
+        raise ParamError(f"fractions sum to {total!r}, not 1; scale them so they add up to 1 "
+                         f"({example}; write thirds as 1/3).")
     return list(fractions), [float(v) for v in fractions.values()]
 
 
@@ -158,9 +162,9 @@ def _check_categorical(df: DataFrame, label: str) -> None:
     if is_discrete(dtype):
         return
     if isinstance(dtype, FractionalType):
-        col = F.col(label)
-        stats = df.agg(F.count_distinct(col).alias("k"),
-                       F.count_if(col != F.floor(col)).alias("fractional")).first()
+        value = col(label)
+        stats = df.agg(F.count_distinct(value).alias("k"),
+                       F.count_if(value != F.floor(value)).alias("fractional")).first()
         assert stats is not None
         if stats["k"] <= _MAX_STRATA and stats["fractional"] == 0:
             return
@@ -181,7 +185,7 @@ def _key_cols(df: DataFrame, keyCols: Sequence[str] | None) -> list[str]:
 
 def _unit(cols: Sequence[str | None], seed: int) -> Column:
     """A stable uniform number in [0, 1) from the values of ``cols`` and ``seed``."""
-    hashed = F.xxhash64(F.lit(seed), *[F.col(str(c)) for c in cols])
+    hashed = F.xxhash64(F.lit(seed), *[col(str(c)) for c in cols])
     mask = F.lit((1 << _HASH_BITS) - 1)
     return hashed.bitwiseAND(mask).cast("double") / float(1 << _HASH_BITS)
 
@@ -202,9 +206,10 @@ def _stratified(df: DataFrame, label: str, names: Sequence[str], fracs: Sequence
     """Rank rows within each class by hash; the rank quantile picks the split, so each class
     is split in the requested proportions to within one row."""
     tiebreak = _unit(_key_cols(df, None), seed + 1)
-    ordered = Window.partitionBy(label).orderBy(_unit(_key_cols(df, keyCols), seed), tiebreak)
+    ordered = Window.partitionBy(col(label)).orderBy(_unit(_key_cols(df, keyCols), seed),
+                                                     tiebreak)
     position = ((F.row_number().over(ordered) - 1)
-                / F.count(F.lit(1)).over(Window.partitionBy(label)))
+                / F.count(F.lit(1)).over(Window.partitionBy(col(label))))
     return df.withColumn(_SPLIT, _cumulative(position, names, fracs))
 
 
@@ -216,7 +221,7 @@ def _time_cutoffs(df: DataFrame, time_col: str, fracs: Sequence[float],
     if bounds is not None and (len(bounds) != len(fracs) - 1 or bounds != sorted(bounds)):
         raise ParamError(f"cutoffs={list(cutoffs or [])!r} must be {len(fracs) - 1} ascending "
                          "timestamps, one between each pair of consecutive splits.")
-    micros = F.unix_micros(F.col(time_col).cast("timestamp"))
+    micros = F.unix_micros(col(time_col).cast("timestamp"))
     probs = [sum(fracs[: i + 1]) for i in range(len(fracs) - 1)]
     aggs = [F.count_if(micros.isNull()).alias("nulls")]
     if bounds is None:
@@ -247,10 +252,10 @@ def _cold_start(df: DataFrame, user: str, item: str, names: Sequence[str],
     tentative = df.withColumn(_SPLIT, _cumulative(_unit(keyCols or [user, item], seed),
                                                   names, fracs))
     seen = tentative.where(F.col(_SPLIT) == first)
-    users = seen.select(F.col(user).alias("_sd_u")).distinct().withColumn("_sd_uk", F.lit(1))
-    items = seen.select(F.col(item).alias("_sd_i")).distinct().withColumn("_sd_ik", F.lit(1))
-    joined = (tentative.join(users, tentative[user].eqNullSafe(users["_sd_u"]), "left")
-              .join(items, tentative[item].eqNullSafe(items["_sd_i"]), "left"))
+    users = seen.select(col(user).alias("_sd_u")).distinct().withColumn("_sd_uk", F.lit(1))
+    items = seen.select(col(item).alias("_sd_i")).distinct().withColumn("_sd_ik", F.lit(1))
+    joined = (tentative.join(users, tentative[quoted(user)].eqNullSafe(users["_sd_u"]), "left")
+              .join(items, tentative[quoted(item)].eqNullSafe(items["_sd_i"]), "left"))
     cold = F.col("_sd_uk").isNull() | F.col("_sd_ik").isNull()
     return (joined.withColumn(_SPLIT, F.when(cold, first).otherwise(F.col(_SPLIT)))
             .drop("_sd_u", "_sd_uk", "_sd_i", "_sd_ik"))

@@ -55,7 +55,7 @@ from pyspark.sql.types import (
 )
 
 from sparkdist import store
-from sparkdist.columns import require_columns, suggest
+from sparkdist.columns import col, require_columns, suggest
 from sparkdist.exceptions import ClusterConfigError, ParamError, SchemaError
 from sparkdist.models._classification import stable_seed
 from sparkdist.models._mllib import MLLIB_DIR, MLlibEstimator, MLlibModel
@@ -211,11 +211,11 @@ class ALS(MLlibEstimator, _ALSParams):
         if not stats["rows"]:
             raise SchemaError("ALS got an empty DataFrame (0 rows); check the filter or split "
                               "that produced it.")
-        for param, col, key in (("userCol", user, "u"), ("itemCol", item, "i")):
+        for param, name, key in (("userCol", user, "u"), ("itemCol", item, "i")):
             if stats[key]:
-                raise SchemaError(f"{param}: column '{col}' is null in {stats[key]} of "
+                raise SchemaError(f"{param}: column '{name}' is null in {stats[key]} of "
                                   f"{stats['rows']} rows; every rating needs an id. Drop them "
-                                  f"first: df.dropna(subset=['{col}']).")
+                                  f"first: df.dropna(subset=['{name}']).")
         if rating:
             _check_ratings(stats, rating, self.getImplicitPrefs())
         if stats["pairs"] and self.getDuplicatePolicy() == "error":
@@ -231,12 +231,12 @@ class ALS(MLlibEstimator, _ALSParams):
                          items: DataFrame) -> DataFrame:
         """(user index, item index, rating) rows, duplicates merged by ``duplicatePolicy``."""
         user, item, rating = self.getUserCol(), self.getItemCol(), self.getRatingCol()
-        value = F.col(rating).cast("float") if rating else F.lit(1.0).cast("float")
-        pairs = dataset.select(F.col(user), F.col(item), value.alias(_R))
+        value = col(rating).cast("float") if rating else F.lit(1.0).cast("float")
+        pairs = dataset.select(col(user), col(item), value.alias(_R))
         policy = self.getDuplicatePolicy()
         if policy != "error":  # "error" has already proved there are none
             merge = F.avg if policy == "mean" else F.sum
-            pairs = pairs.groupBy(user, item).agg(merge(_R).cast("float").alias(_R))
+            pairs = pairs.groupBy(col(user), col(item)).agg(merge(_R).cast("float").alias(_R))
         pairs = _attach_index(_attach_index(pairs, user, users, _U), item, items, _I)
         return pairs.select(_U, _I, _R)
 
@@ -356,10 +356,10 @@ class ALSModel(MLlibModel, _ALSModelParams):
         known = self._subset(dataset, self.getItemCol(), _I)
         return self._original_ids(self.mllib_model.recommendForItemSubset(known, numUsers), _I)
 
-    def _subset(self, dataset: DataFrame, col: str, index: str) -> DataFrame:
-        require_columns(dataset.schema, [col], "userCol" if index == _U else "itemCol")
-        ids = dataset.select(col).distinct()
-        return _attach_index(ids, col, self._mapping(index), index).where(F.col(index) >= 0)
+    def _subset(self, dataset: DataFrame, name: str, index: str) -> DataFrame:
+        require_columns(dataset.schema, [name], "userCol" if index == _U else "itemCol")
+        ids = dataset.select(col(name)).distinct()
+        return _attach_index(ids, name, self._mapping(index), index).where(F.col(index) >= 0)
 
     def _original_ids(self, recs: DataFrame, key: str) -> DataFrame:
         """Map MLlib's (index, array<struct<other index, rating>>) back to the original ids,
@@ -371,11 +371,11 @@ class ALSModel(MLlibModel, _ALSModelParams):
             key, "pos", F.col(f"rec.{other}").alias(other), F.col("rec.rating").alias("rating"))
         flat = _to_original(flat, other, self._mapping(other), other_name)
         ranked = flat.groupBy(key).agg(
-            F.sort_array(F.collect_list(F.struct("pos", other_name, "rating"))).alias("recs"))
+            F.sort_array(F.collect_list(F.struct("pos", col(other_name), "rating"))).alias("recs"))
         recs = ranked.select(key, F.transform("recs", lambda r: F.struct(
             r[other_name].alias(other_name), r["rating"].alias("rating"))).alias("recommendations"))
         return _to_original(recs, key, self._mapping(key), key_name).select(
-            key_name, "recommendations")
+            col(key_name), "recommendations")
 
     # -- evaluation ------------------------------------------------------------------------
     def rankingMetrics(self, dataset: DataFrame, k: int = 10,
@@ -405,10 +405,11 @@ class ALSModel(MLlibModel, _ALSModelParams):
         """
         _check_k("k", k)
         user, item, rating = self.getUserCol(), self.getItemCol(), self.getRatingCol()
-        for param, col in (("userCol", user), ("itemCol", item), ("ratingCol", rating)):
-            require_columns(dataset.schema, [col], param)
-        valid = F.col(rating).isNotNull() & ~F.isnan(F.col(rating).cast("double"))
-        known = (self._with_indices(dataset.select(user, item, rating)).where(valid)
+        for param, name in (("userCol", user), ("itemCol", item), ("ratingCol", rating)):
+            require_columns(dataset.schema, [name], param)
+        # The rating travels as _R: MLlib's evaluator parses column names ("a.b" as a field).
+        known = (self._with_indices(dataset.select(col(user), col(item), col(rating).alias(_R)))
+                 .where(F.col(_R).isNotNull() & ~F.isnan(F.col(_R).cast("double")))
                  .where((F.col(_U) >= 0) & (F.col(_I) >= 0)).cache())
         try:
             metrics = self._ranking(known, k, relevanceThreshold)
@@ -419,7 +420,7 @@ class ALSModel(MLlibModel, _ALSModelParams):
             known.unpersist()
 
     def _ranking(self, known: DataFrame, k: int, threshold: float | None) -> dict[str, float]:
-        r = F.col(self.getRatingCol())
+        r = F.col(_R)
         if threshold is not None:
             relevant = r >= float(threshold)
         elif self.getImplicitPrefs():
@@ -455,8 +456,7 @@ class ALSModel(MLlibModel, _ALSModelParams):
 
     def _rating_errors(self, known: DataFrame) -> dict[str, float]:
         predictions = self.mllib_model.setColdStartStrategy("drop").transform(known).cache()
-        evaluator = RegressionEvaluator(labelCol=self.getRatingCol(),
-                                        predictionCol=self.getPredictionCol())
+        evaluator = RegressionEvaluator(labelCol=_R, predictionCol=self.getPredictionCol())
         try:
             return {m: evaluator.evaluate(predictions, {evaluator.metricName: m})
                     for m in ("rmse", "mae")}
@@ -491,7 +491,7 @@ def _index_ids(dataset: DataFrame, cols: Sequence[str]) -> list[DataFrame]:
     task). Cached, because training and every transform join them.
     """
     bucket = F.pmod(F.xxhash64("id"), F.lit(_BUCKETS)).cast("int").alias("_bucket")
-    ids = [dataset.select(F.col(c).alias("id")).distinct().select("id", bucket) for c in cols]
+    ids = [dataset.select(col(c).alias("id")).distinct().select("id", bucket) for c in cols]
     counts = [d.groupBy("_bucket").count().withColumn("_col", F.lit(k))
               for k, d in enumerate(ids)]
     sizes: dict[int, dict[int, int]] = {k: {} for k in range(len(cols))}
@@ -511,13 +511,13 @@ def _numbered(ids: DataFrame, sizes: dict[int, int], col: str) -> DataFrame:
     return ids.select("id", (offset + rank).cast("int").alias("index")).cache()
 
 
-def _attach_index(df: DataFrame, col: str, mapping: DataFrame, out: str) -> DataFrame:
-    """``df`` plus column ``out``: the index of ``df[col]`` in ``mapping``, -1 if absent.
+def _attach_index(df: DataFrame, name: str, mapping: DataFrame, out: str) -> DataFrame:
+    """``df`` plus column ``out``: the index of ``df[name]`` in ``mapping``, -1 if absent.
 
     Values of another type are cast to the mapping's id type; those that do not cast are
     unknown too."""
     id_type = mapping.schema["id"].dataType
-    key = F.col(col) if df.schema[col].dataType == id_type else F.col(col).try_cast(id_type)
+    key = col(name) if df.schema[name].dataType == id_type else col(name).try_cast(id_type)
     lookup = mapping.select(F.col("id").alias(_KEY), F.col("index").alias(out))
     joined = df.withColumn(_KEY, key).join(lookup, on=_KEY, how="left").drop(_KEY)
     return joined.withColumn(out, F.coalesce(F.col(out), F.lit(-1)))
@@ -532,7 +532,7 @@ def _to_original(df: DataFrame, index: str, mapping: DataFrame, name: str) -> Da
 def _factors(factors: DataFrame, mapping: DataFrame, name: str) -> DataFrame:
     """MLlib's (id, features) factors with the original ids in column ``name``."""
     return _to_original(factors.withColumnRenamed("id", _KEY), _KEY, mapping, name).select(
-        name, "features")
+        col(name), "features")
 
 
 # -- checks ----------------------------------------------------------------------------------
@@ -547,11 +547,11 @@ def _check_k(name: str, k: int) -> None:
         raise ParamError(f"{name}={k!r} must be a whole number >= 1, e.g. {name}=10.")
 
 
-def _check_id_column(dataset: DataFrame, col: str, param: str) -> None:
-    require_columns(dataset.schema, [col], param)
-    dtype = dataset.schema[col].dataType
+def _check_id_column(dataset: DataFrame, name: str, param: str) -> None:
+    require_columns(dataset.schema, [name], param)
+    dtype = dataset.schema[name].dataType
     if isinstance(dtype, (ArrayType, MapType, StructType)):
-        raise SchemaError(f"{param}: column '{col}' has type {dtype.simpleString()}; ids must "
+        raise SchemaError(f"{param}: column '{name}' has type {dtype.simpleString()}; ids must "
                           "be single values such as strings or integers.")
 
 
@@ -573,9 +573,10 @@ def _check_ratings(stats: Any, rating: str, implicit: bool) -> None:
 
 def _value_stats(dataset: DataFrame, user: str, item: str, rating: str) -> Row:
     """Rows, null ids, null/NaN/negative ratings and duplicate pairs, in one Spark job."""
-    r = F.col(rating) if rating else F.lit(1.0)
+    r = col(rating) if rating else F.lit(1.0)
     is_float = rating and isinstance(dataset.schema[rating].dataType, (FloatType, DoubleType))
-    pairs = dataset.groupBy(user, item).agg(
+    # Grouped under internal names: "a.b" would read as a struct field in the second agg.
+    pairs = dataset.groupBy(col(user).alias(_U), col(item).alias(_I)).agg(
         F.count(F.lit(1)).alias("n"), F.count_if(r.isNull()).alias("null"),
         F.count_if(F.isnan(r) if is_float else F.lit(False)).alias("nan"),
         F.count_if(r < 0).alias("neg"), F.min(r).alias("min"))
@@ -585,11 +586,11 @@ def _value_stats(dataset: DataFrame, user: str, item: str, rating: str) -> Row:
         return F.coalesce(F.sum(col), F.lit(0))
 
     stats = pairs.agg(
-        total(n).alias("rows"), total(F.when(F.col(user).isNull(), n)).alias("u"),
-        total(F.when(F.col(item).isNull(), n)).alias("i"), total("null").alias("null"),
+        total(n).alias("rows"), total(F.when(F.col(_U).isNull(), n)).alias("u"),
+        total(F.when(F.col(_I).isNull(), n)).alias("i"), total("null").alias("null"),
         total("nan").alias("nan"), total("neg").alias("neg"), F.min("min").alias("min"),
         F.count_if(n > 1).alias("pairs"),
-        F.min(F.when(n > 1, F.struct(user, item, "n"))).alias("example")).first()
+        F.min(F.when(n > 1, F.struct(_U, _I, "n"))).alias("example")).first()
     assert stats is not None
     return stats
 

@@ -3,6 +3,7 @@ pipelines and persistence."""
 
 from __future__ import annotations
 
+import math
 import statistics
 
 import pytest
@@ -388,3 +389,99 @@ def test_model_save_load_preserves_state(spark, null_df, tmp_path):
     assert {p.name: v for p, v in loaded.extractParamMap().items()} == {
         p.name: v for p, v in model.extractParamMap().items()}
     assert loaded.transform(df).collect() == model.transform(df).collect()
+
+
+# -- NaN, infinity, any column name, label contract at transform ----------------------------
+NAN = float("nan")
+INF = float("inf")
+
+
+def test_nan_is_imputed_with_the_mean_of_the_other_values(spark):
+    df = spark.createDataFrame([(1.0, 0), (NAN, 1), (3.0, 0), (None, 1)], "x double, y int")
+    model = FeatureAssembler(numericCols=["x"], labelCol="y", nullPolicy="impute",
+                             standardize=True).fit(df)
+    assert model.fill == {"x": pytest.approx(2.0)}  # mean of 1 and 3: NaN is not a value
+    raw = FeatureAssembler(numericCols=["x"], labelCol="y", nullPolicy="impute").fit(df)
+    out = raw.transform(df).collect()
+    assert [r["features"][0] for r in out] == pytest.approx([1.0, 2.0, 3.0, 2.0])
+    scaled = [r["features"][0] for r in model.transform(df).collect()]
+    assert all(math.isfinite(v) for v in scaled) and scaled[1] == pytest.approx(0.0)
+
+
+def test_nan_under_drop_drops_the_row(spark):
+    df = spark.createDataFrame([(1.0, "a"), (NAN, "b"), (3.0, "a")], "x double, c string")
+    model = FeatureAssembler(numericCols=["x"], categoricalCols=["c"], nullPolicy="drop").fit(df)
+    assert [r["x"] for r in model.transform(df).collect()] == [1.0, 3.0]
+    assert model.featureNames == ["x", "c=a"]  # 'b' came only with the NaN row
+
+
+@pytest.mark.parametrize("standardize", [False, True])
+def test_nan_under_error_is_refused_at_fit_naming_the_column(spark, standardize):
+    df = spark.createDataFrame([(1.0, 2.0), (NAN, 3.0), (3.0, 4.0)], "x double, ok float")
+    with pytest.raises(SchemaError) as info:
+        FeatureAssembler(numericCols=["x", "ok"], standardize=standardize).fit(df)
+    message = str(info.value)
+    assert "{'x': 1}" in message and "NaN" in message and "'impute'" in message
+
+
+def test_nan_in_a_float_categorical_column_is_missing(spark):
+    df = spark.createDataFrame([(1.0, 1.0), (2.0, NAN), (3.0, 1.0)], "x double, c double")
+    model = FeatureAssembler(numericCols=["x"], categoricalCols=["c"],
+                             nullPolicy="impute").fit(df)
+    assert model.fill["c"] == "1.0" and model.featureNames == ["x", "c=1.0"]
+    with pytest.raises(SchemaError, match=r"'c': 1"):
+        FeatureAssembler(numericCols=["x"], categoricalCols=["c"]).fit(df)
+
+
+@pytest.mark.parametrize("policy", ["error", "drop", "impute"])
+@pytest.mark.parametrize("value", [INF, -INF])
+def test_infinity_is_refused_naming_the_column(spark, policy, value):
+    df = spark.createDataFrame([(1.0, 1), (value, 2), (3.0, 3)], "`x.inf` double, n int")
+    with pytest.raises(SchemaError) as info:
+        FeatureAssembler(numericCols=["n", "x.inf"], nullPolicy=policy,
+                         standardize=True).fit(df)
+    assert "numericCols" in str(info.value) and "{'x.inf': 1}" in str(info.value)
+
+
+def test_dotted_and_backticked_column_names(spark):
+    rows = [(1.0, "p", [1.0, 0.0], "no"), (2.0, "q", [0.0, 1.0], "yes"),
+            (None, "p", [1.0, 1.0], "yes")]
+    df = (spark.createDataFrame(rows, "`a.b` double, `c``d` string, arr array<double>, "
+                                      "`y.label` string")
+          .withColumn("v.e`c", array_to_vector("arr")).drop("arr"))
+    model = FeatureAssembler(numericCols=["a.b"], categoricalCols=["c`d"], vectorCols=["v.e`c"],
+                             labelCol="y.label", nullPolicy="impute").fit(df)
+    assert model.featureNames == ["a.b", "c`d=p", "c`d=q", "v.e`c[0]", "v.e`c[1]"]
+    out = model.transform(df).collect()
+    assert [list(r["features"]) for r in out] == [
+        [1.0, 1.0, 0.0, 1.0, 0.0], [2.0, 0.0, 1.0, 0.0, 1.0], [1.5, 1.0, 0.0, 1.0, 1.0]]
+    assert [r["y.label"] for r in out] == [0.0, 1.0, 1.0]
+    numeric_label = df.withColumn("y.label", F.lit(1))
+    dropped = FeatureAssembler(numericCols=["a.b"], labelCol="y.label",
+                               nullPolicy="drop").fit(numeric_label)
+    assert [r["y.label"] for r in dropped.transform(numeric_label).collect()] == [1.0, 1.0]
+
+
+def test_null_string_label_is_refused_at_fit(spark):
+    df = spark.createDataFrame([(1.0, "a"), (2.0, None), (3.0, "b")], "x double, y string")
+    with pytest.raises(SchemaError) as info:
+        FeatureAssembler(numericCols=["x"], labelCol="y").fit(df)
+    message = str(info.value)
+    assert "labelCol: column 'y' is null in 1 of 3 rows" in message and "dropna" in message
+
+
+def test_string_label_at_transform_unseen_refused_null_kept(spark):
+    train = spark.createDataFrame([(1.0, "a"), (2.0, "b")], "x double, y string")
+    model = FeatureAssembler(numericCols=["x"], labelCol="y").fit(train)
+    with pytest.raises(SchemaError) as info:
+        model.transform(spark.createDataFrame([(1.0, "a"), (2.0, "c")], "x double, y string"))
+    assert "labelCol: column 'y' holds 'c'" in str(info.value)
+    assert "['a', 'b']" in str(info.value)
+    scoring = spark.createDataFrame([(1.0, "b"), (2.0, None)], "x double, y string")
+    assert [r["y"] for r in model.transform(scoring).collect()] == [1.0, None]
+
+
+def test_transform_refuses_an_existing_output_column(spark, null_df):
+    model = FeatureAssembler(numericCols=["x"], nullPolicy="drop").fit(null_df)
+    with pytest.raises(SchemaError, match="outputCol 'features' already exists.*another outputCol"):
+        model.transform(model.transform(null_df))

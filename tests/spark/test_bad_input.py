@@ -45,10 +45,31 @@ class Case:
 
 
 # ---------------------------------------------------------------- FeatureAssembler and split
-def _assemble(ctx: Ctx, **params: Any) -> Any:
+def _assemble(ctx: Ctx, frame: Any = None, **params: Any) -> Any:
     from sparkdist.features import FeatureAssembler
 
-    return FeatureAssembler(**params).fit(ctx.frame)
+    return FeatureAssembler(**params).fit(ctx.frame if frame is None else frame)
+
+
+def _with_x(ctx: Ctx, value: float) -> Any:
+    """ctx.frame with ``value`` in x on every labelled row (NaN, inf)."""
+    from pyspark.sql import functions as F
+
+    return ctx.frame.withColumn("x", F.when(F.col("label") == 1, value).otherwise(F.col("x")))
+
+
+def _transform_with_label(ctx: Ctx, label: str) -> Any:
+    """Fit with string label c ('a', 'b'), then transform a frame whose c is ``label``."""
+    from pyspark.sql import functions as F
+
+    model = _assemble(ctx, numericCols=["x"], labelCol="c")
+    return model.transform(ctx.frame.withColumn("c", F.lit(label)))
+
+
+def _split(ctx: Ctx, fractions: dict[str, float]) -> Any:
+    from sparkdist.features import split
+
+    return split(ctx.frame, fractions)
 
 
 FEATURES = [
@@ -56,6 +77,25 @@ FEATURES = [
          r"nope"),
     Case("F-null-policy", lambda c: _assemble(c, numericCols=["x"], nullPolicy="zero"),
          ParamError, r"nullPolicy"),
+    Case("F1-nan-error", lambda c: _assemble(c, _with_x(c, float("nan")), numericCols=["x"],
+                                             standardize=True),
+         SchemaError, r"'x'.*NaN.*nullPolicy='drop'"),
+    Case("F2-inf", lambda c: _assemble(c, _with_x(c, float("inf")), numericCols=["x"],
+                                       nullPolicy="impute", standardize=True),
+         SchemaError, r"numericCols: infinite values in \{'x'.*replace them"),
+    Case("F4c-struct-field", lambda c: _assemble(c, numericCols=["s.x"]), SchemaError,
+         r"numericCols: column 's\.x' is not in the DataFrame"),
+    Case("F6b-null-string-label",
+         lambda c: _assemble(c, c.frame.selectExpr("x", "IF(label = 1, c, NULL) AS c"),
+                             numericCols=["x"], labelCol="c"),
+         SchemaError, r"labelCol: column 'c' is null.*dropna"),
+    Case("F6c-unseen-string-label", lambda c: _transform_with_label(c, "zzz"), SchemaError,
+         r"labelCol: column 'c' holds 'zzz', a label not seen at fit.*refit"),
+    Case("F16-output-exists", lambda c: _assemble(c, numericCols=["x"]).transform(
+        _assemble(c, numericCols=["x"]).transform(c.frame)), SchemaError,
+         r"outputCol 'features' already exists.*another outputCol"),
+    Case("F11-fractions-sum", lambda c: _split(c, {"train": 0.799999, "test": 0.2}),
+         ParamError, r"fractions sum to 0\.999999\d*, not 1"),
 ]
 
 # ------------------------------------------------------------------------ classical models

@@ -332,3 +332,19 @@ def test_other_bad_input(spark, small):
         als(duplicatePolicy="meen").fit(small)
     with pytest.raises(ParamError, match="coldStartStrategy='dorp'.*Did you mean 'drop'"):
         als(coldStartStrategy="dorp").fit(small)
+
+
+def test_column_names_with_dots_and_backticks(small):
+    names = {"userCol": "user.id", "itemCol": "item`id", "ratingCol": "r.a`t"}
+    df = (small.withColumnRenamed("user_id", "user.id").withColumnRenamed("item_id", "item`id")
+          .withColumnRenamed("rating", "r.a`t"))
+    model = als(rank=3, maxIter=5, duplicatePolicy="mean", **names).fit(df)
+    out = model.transform(df)
+    assert out.count() == df.count() and out.where("isnan(prediction)").count() == 0
+    assert model.userFactors.columns == ["user.id", "features"]
+    assert model.itemFactors.count() == df.select("`item``id`").distinct().count()
+    recs = model.recommendForUserSubset(df.limit(1), 3)
+    assert recs.columns == ["user.id", "recommendations"]
+    assert set(recs.first()["recommendations"][0].asDict()) == {"item`id", "rating"}
+    assert model.recommendForAllItems(2).columns == ["item`id", "recommendations"]
+    assert finite(model.rankingMetrics(df, k=5))

@@ -360,3 +360,38 @@ def test_unknown_split_name(churn_df, seed):
     named = split(churn_df, {"train": 0.8, "validation": 0.2}, seed=seed)
     with pytest.raises(KeyError, match="Did you mean 'validation'"):
         _ = named["valid"]
+
+
+# -- column names with dots and backticks; the fraction-sum rule ------------------------------
+@pytest.fixture(scope="module")
+def dotted(spark):
+    """60 rows whose every column name needs quoting (`` `id.x` `` and ``lab`el``)."""
+    rows = [(i, f"u{i % 7}", f"i{i % 5}", "ab"[i % 2], datetime(2024, 1, 1 + i % 28))
+            for i in range(60)]
+    return spark.createDataFrame(
+        rows, "`id.x` int, `u.id` string, `i``id` string, `lab``el` string, `t.s` timestamp")
+
+
+@pytest.mark.parametrize("method,cols", [
+    ("random", {}), ("random", {"keyCols": ["id.x"]}),
+    ("stratified", {"labelCol": "lab`el"}), ("time", {"timeCol": "t.s"}),
+    ("group", {"groupCol": "u.id"}), ("cold_start", {"userCol": "u.id", "itemCol": "i`id"})])
+def test_columns_with_dots_and_backticks(dotted, seed, method, cols):
+    parts = split(dotted, TRAIN_TEST, method=method, seed=seed, **cols)
+    ids = [r[0] for name in parts for r in parts[name].select("`id.x`").collect()]
+    assert sorted(ids) == list(range(60))  # every row in exactly one split
+    assert parts.metadata["counts"]["train"] > parts.metadata["counts"]["test"] > 0
+
+
+@pytest.mark.parametrize("fractions", [{"train": 0.7, "valid": 0.2, "test": 0.1},
+                                       {"a": 1 / 3, "b": 1 / 3, "c": 1 / 3},
+                                       {f"p{i}": 0.1 for i in range(10)}])
+def test_fractions_with_float_rounding_are_accepted(churn_df, fractions):
+    assert split(churn_df, fractions).metadata["fractions"] == fractions
+
+
+@pytest.mark.parametrize("fractions", [{"train": 0.799999, "test": 0.2},
+                                       {"a": 0.333333, "b": 0.333333, "c": 0.333333}])
+def test_fractions_short_of_one_are_refused_showing_the_sum(churn_df, fractions):
+    with pytest.raises(ParamError, match=r"fractions sum to 0\.999999\d*, not 1.*1/3"):
+        split(churn_df, fractions)
