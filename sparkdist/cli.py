@@ -9,11 +9,14 @@ finds an error in the cluster's configuration.
 from __future__ import annotations
 
 import argparse
+import fnmatch
+import glob
 import json
+import os
 import sys
 from collections.abc import Sequence
 
-from sparkdist.exceptions import SparkdistError
+from sparkdist.exceptions import ParamError, SparkdistError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -91,10 +94,12 @@ def _evaluate(args: argparse.Namespace) -> int:
     from sparkdist.evaluation import evaluate
     from sparkdist.persist import load_model
     from sparkdist.session import get_spark
+    from sparkdist.workflows import read_data
 
     spark = get_spark(app_name="sparkdist-evaluate")
     model = load_model(args.model, spark)
-    print(json.dumps(evaluate(model, spark.read.format(args.format).load(args.data), k=args.k)))
+    data = read_data(lambda: spark.read.format(args.format).load(args.data), "data")
+    print(json.dumps(evaluate(model, data, k=args.k)))
     return 0
 
 
@@ -105,19 +110,46 @@ def _predict(args: argparse.Namespace) -> int:
     from sparkdist import store
     from sparkdist.persist import load_model
     from sparkdist.session import get_spark
+    from sparkdist.workflows import read_data
 
+    store.check_target(args.output, "output")  # never "", "/", the working directory
+    if _overlaps(args.data, args.output):  # Spark empties the output before it reads
+        raise ParamError(f"output '{args.output}' is, contains or lies inside the input "
+                         f"'{args.data}'; writing it would destroy the input. Choose another "
+                         "output path.")
     if store.exists(args.output) and not args.overwrite:
         raise store.PathExistsError(f"'{args.output}' already exists; pass --overwrite to "
                                     "replace it.")
     spark = get_spark(app_name="sparkdist-predict")
     model = load_model(args.model, spark)
-    out = model.transform(spark.read.format(args.format).load(args.data))
+    out = model.transform(read_data(lambda: spark.read.format(args.format).load(args.data),
+                                    "data"))
     # Vectors become arrays so any Parquet reader can use the output.
     out = out.select(*[vector_to_array(f.name).alias(f.name) if isinstance(f.dataType, VectorUDT)
                        else f.name for f in out.schema.fields])
     out.write.mode("overwrite" if args.overwrite else "errorifexists").parquet(args.output)
     print(args.output)
     return 0
+
+
+def _overlaps(data: str, output: str) -> bool:
+    """Whether ``output`` is, contains or lies inside the input ``data`` (a path or a glob)."""
+    from sparkdist import store
+
+    try:
+        source, target = store.locate(data, "data"), store.locate(output, "output")
+    except ParamError:  # an input scheme sparkdist does not write: not the output's store
+        return False
+    if type(source.fs) is not type(target.fs):
+        return False
+    clean = os.path.realpath if source.local else (lambda p: p.rstrip("/"))
+    pattern, out = clean(source.path), clean(target.path)
+    parts = pattern.split("/")
+    static = "/".join(parts[:next((i for i, p in enumerate(parts) if glob.has_magic(p)),
+                                  len(parts))])
+    ancestors = [out] + [out[:i] for i in range(len(out)) if out[i] == "/" and i > 0]
+    return static == out or static.startswith(out + "/") or any(
+        fnmatch.fnmatchcase(a, pattern) for a in ancestors)
 
 
 def _doctor(args: argparse.Namespace) -> int:

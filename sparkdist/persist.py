@@ -307,7 +307,11 @@ class _Reader(MLReader):
             state = metadata.get(STATE_KEY) or {}
             if not isinstance(state, dict):
                 raise ModelLoadError(f"'{path}': its {STATE_KEY} is not an object.")
-            instance = self.cls._from_state(state, data_root(path, metadata))
+            try:
+                instance = self.cls._from_state(state, data_root(path, metadata))
+            except KeyError as err:  # a state key the model needs was removed or renamed
+                raise ModelLoadError(f"'{path}': its {STATE_KEY} lacks {err}; the directory "
+                                     "is incomplete or was edited. Save the model again.") from err
         else:
             instance = self.cls()
         instance._resetUid(str(metadata["uid"]))

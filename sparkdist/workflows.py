@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from py4j.protocol import Py4JJavaError
+from pyspark.errors import PySparkException
 from pyspark.ml import Estimator, Pipeline, PipelineModel
 from pyspark.sql import DataFrame, SparkSession
 
@@ -21,6 +23,7 @@ from sparkdist import datasets, store
 from sparkdist.columns import suggest
 from sparkdist.config import ConfigError, DataConfig, ModelConfig, WorkflowConfig
 from sparkdist.evaluation import evaluate, final_stage, task_of
+from sparkdist.exceptions import ParamError
 from sparkdist.features import FeatureAssembler, FeatureAssemblerModel, split
 from sparkdist.features.split import training_split
 from sparkdist.persist import save_model
@@ -102,7 +105,17 @@ def build_estimator(model: ModelConfig, config: WorkflowConfig) -> Pipeline:
             names = [p.name for p in estimator.params]
             raise ConfigError(f"models[{model.name}].params: {model.type} has no parameter "
                               f"'{key}'.{suggest(key, names)}")
-        estimator.set(estimator.getParam(key), value)
+        try:
+            estimator.set(estimator.getParam(key), value)
+        except (TypeError, ValueError) as err:  # pyspark's type converter refused the value
+            raise ConfigError(f"models[{model.name}].params.{key}: {value!r} is not a valid "
+                              f"value ({_reason(err)}).") from None
+    check = getattr(estimator, "_check_params", None)  # ranges, on the driver, no data
+    if check is not None:
+        try:
+            check()
+        except ParamError as err:
+            raise ConfigError(f"models[{model.name}].params: {err}") from None
     stages: list[Any] = [estimator]
     if config.features is not None:
         stages.insert(0, FeatureAssembler(**config.features.model_dump()))
@@ -115,8 +128,28 @@ def load_data(spark: SparkSession, data: DataConfig) -> DataFrame:
             return datasets.churn(spark, n=data.generate.rows, seed=data.generate.seed)
         return datasets.ratings(spark, seed=data.generate.seed)
     if data.table is not None:
-        return spark.table(data.table)
-    return spark.read.format(data.format).load(data.path)
+        return read_data(lambda: spark.table(str(data.table)), "data.table", ConfigError)
+    return read_data(lambda: spark.read.format(data.format).load(data.path), "data.path",
+                     ConfigError)
+
+
+def read_data(read: Callable[[], DataFrame], where: str,
+              error: type[ParamError] = ParamError) -> DataFrame:
+    """``read()``, with the errors of opening data (no such path or table, an unknown format,
+    files that are not of the format) as ``error`` naming ``where``. Spark resolves paths and
+    infers the schema eagerly, so these come before any job."""
+    try:
+        return read()
+    except (PySparkException, Py4JJavaError) as err:
+        raise error(f"{where}: cannot read the data: {_reason(err)}") from None
+
+
+def _reason(err: BaseException) -> str:
+    """The first line of an error's message without the JVM's wrapping."""
+    text = str(err).strip()
+    if isinstance(err, Py4JJavaError):  # "An error occurred while calling o52.load.\n: ..."
+        text = text.split("\n: ", 1)[-1]
+    return (text.splitlines() or [type(err).__name__])[0].strip()
 
 
 def _fit_one(name: str, params: dict[str, Any], estimator: Pipeline, config: WorkflowConfig,

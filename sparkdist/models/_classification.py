@@ -24,6 +24,7 @@ from pyspark.sql.types import StructType
 from sparkdist.columns import is_numeric, require_columns, suggest
 from sparkdist.exceptions import ParamError, SchemaError
 from sparkdist.features import split
+from sparkdist.models._labels import check_label
 from sparkdist.models._mllib import MLlibEstimator, MLlibModel
 
 CLASS_WEIGHTS = ("balanced",)
@@ -143,14 +144,11 @@ def check_classifier_params(stage: Params) -> None:
                          "the share of training rows held out to tune the threshold.")
 
 
-def check_class_counts(stage: Params, counts: dict[float | None, int]) -> dict[float, int]:
-    """Refuse labels the options cannot work with (nulls; non-binary labels under tuning);
-    return the counts per class."""
+def check_class_counts(stage: Params, counts: dict[float, int]) -> dict[float, int]:
+    """Refuse labels the options cannot work with (non-binary labels under tuning); return
+    the counts per class (the labels are already checked to be class indices)."""
     label = stage.getOrDefault("labelCol")
-    if None in counts:
-        raise SchemaError(f"labelCol: column '{label}' is null in {counts[None]} rows; drop or "
-                          "fill them before fitting.")
-    classes = {float(c): n for c, n in counts.items() if c is not None}
+    classes = {float(c): n for c, n in counts.items()}
     metric = stage.getOrDefault("thresholdMetric")
     if metric is None:
         return classes
@@ -171,7 +169,7 @@ def check_class_counts(stage: Params, counts: dict[float | None, int]) -> dict[f
 
 
 # -- class weights ---------------------------------------------------------------------------
-def class_counts(dataset: DataFrame, label: str) -> dict[float | None, int]:
+def class_counts(dataset: DataFrame, label: str) -> dict[float, int]:
     """Rows per label value, in one aggregation."""
     rows = dataset.groupBy(F.col(label).cast("double").alias("c")).count().collect()
     return {r["c"]: r["count"] for r in rows}
@@ -254,14 +252,25 @@ def _user_weight_col(stage: Params) -> str | None:
 
 
 class _TunedClassifier(_EstimatorBase):
-    """``_fit`` for classifiers: validate -> class counts (one job, only when an option needs
-    them) -> hold out a validation split -> weight -> fit MLlib -> model -> tune threshold."""
+    """``_fit`` for classifiers: Params -> schema -> label checks (one job) -> class counts
+    (one job, only when an option needs them) -> hold out a validation split -> weight ->
+    fit MLlib -> model -> tune threshold."""
+
+    def _check_params(self) -> None:
+        super()._check_params()
+        check_classifier_params(self)
 
     def _validate(self, dataset: DataFrame) -> None:
-        check_classifier_params(self)
         check_input_columns(self, dataset.schema)
+        self._check_classes(check_label(dataset, self.getOrDefault("labelCol"),
+                                        type(self).__name__, classes=True))
+
+    def _check_classes(self, stats: Any) -> None:
+        """What this classifier needs of the label's classes beyond being class indices
+        (``stats``: ``_labels.label_aggregates``)."""
 
     def _fit(self, dataset: DataFrame) -> MLlibModel:
+        self._check_params()
         self._validate(dataset)
         metric = self.getThresholdMetric()
         counts = None

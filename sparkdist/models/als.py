@@ -184,6 +184,7 @@ class ALS(MLlibEstimator, _ALSParams):
     def _fit(self, dataset: DataFrame) -> ALSModel:
         # The base template, except that the id mappings built while preparing the input
         # also go into the model.
+        self._check_params()
         self._validate(dataset)
         if self.getCheckpointInterval() >= 1:  # first: on Spark Connect it may refuse
             ensure_checkpoint_dir(dataset.sparkSession)

@@ -26,6 +26,7 @@ from sparkdist.models._classification import (
     set_given,
     stable_seed,
 )
+from sparkdist.models._labels import check_label
 from sparkdist.models._mllib import MLlibEstimator, MLlibModel
 
 
@@ -222,3 +223,4 @@ class RandomForestRegressor(MLlibEstimator, _RFRegressorParams):
 
     def _validate(self, dataset: DataFrame) -> None:
         check_input_columns(self, dataset.schema)
+        check_label(dataset, self.getOrDefault("labelCol"), type(self).__name__, classes=False)

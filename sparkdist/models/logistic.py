@@ -7,12 +7,13 @@ drops into Pipelines, ParamGridBuilder grids and CrossValidator like
 
 from __future__ import annotations
 
-from typing import ClassVar, cast
+from typing import Any, ClassVar, cast
 
 from pyspark import keyword_only
 from pyspark.ml import classification as mllib
 from pyspark.ml.linalg import Matrix, Vector
 
+from sparkdist.exceptions import ParamError
 from sparkdist.models._classification import (
     _ClassWeightParams,
     _ThresholdTuningParams,
@@ -136,3 +137,11 @@ class LogisticRegression(_TunedClassifier, MLlibEstimator, _LRParams):
                   validationFraction: float = 0.2, seed: int | None = None) -> LogisticRegression:
         """Set the given Params (same keywords as the constructor)."""
         return set_given(self, self._input_kwargs)  # type: ignore[attr-defined]
+
+    def _check_classes(self, stats: Any) -> None:
+        # MLlib counts max(label) + 1 classes; binomial takes at most 2.
+        if self.getFamily().lower() == "binomial" and stats["max"] > 1:
+            raise ParamError(
+                f"family='binomial' fits 2 classes, but labelCol '{self.getLabelCol()}' holds "
+                f"{stats['classes']} classes (up to {stats['max']:g}); use family='auto' or "
+                "'multinomial', or make the label binary (0/1).")

@@ -463,7 +463,7 @@ class TorchModel(Model, _TorchParams, PersistentModel):
 
     def _transform(self, dataset: DataFrame) -> DataFrame:
         require_columns(dataset.schema, self.featureSource(), "TorchModel")
-        features = features_array(dataset.schema, self.featureSource())
+        features = self._checked_features(dataset.schema)
         spec = {"module": loop.resolve_model(self.getOrDefault("model")),
                 "module_kwargs": self.getOrDefault("modelKwargs") or {},
                 "loss": self.getOrDefault("loss"), "weights": _weights_bytes(self._weights),
@@ -472,6 +472,35 @@ class TorchModel(Model, _TorchParams, PersistentModel):
                 "use_gpu": self.getOrDefault("useGpu")}
         scored = dataset.withColumn("__sparkdist_out", _predict_udf(spec, self.task)(features))
         return self._output_columns(scored).drop("__sparkdist_out")
+
+    def _checked_features(self, schema: StructType) -> Any:
+        """The features as array<float>, each row checked to hold ``inputDim`` numbers.
+
+        A width the schema already tells (numeric columns, a vector column with ML attribute
+        metadata, e.g. FeatureAssembler's) is checked now: SchemaError. Otherwise scoring is
+        lazy, so a null or wrong-length row stops the job that reaches it, with this message
+        (Spark's USER_RAISED_EXCEPTION) rather than a failure inside the network."""
+        columns, dim = self.featureSource(), int(self._info["input_dim"])
+        source = ", ".join(f"'{c}'" for c in columns)
+        fix = ("score the columns the model was fitted on, assembled the same way (the same "
+               "FeatureAssemblerModel), with nulls imputed or dropped")
+        width = len(columns) if len(columns) > 1 else (
+            1 if isinstance(schema[columns[0]].dataType, NumericType)
+            else schema[columns[0]].metadata.get("ml_attr", {}).get("num_attrs"))
+        if width is not None and width != dim:
+            raise SchemaError(f"featuresCol: {source} holds {width} features per row, but this "
+                              f"TorchModel was trained on {dim}; {fix}.")
+        features = features_array(schema, columns)
+        size = F.size(features).cast("string")
+        return (F.when(features.isNull() | F.exists(features, lambda v: v.isNull()),
+                       F.raise_error(F.lit(f"TorchModel: a row of featuresCol {source} is null "
+                                           f"or holds a null; {fix}.")))
+                .when(F.size(features) != dim,
+                      F.raise_error(F.concat(F.lit(f"TorchModel: a row of featuresCol {source} "
+                                                   "holds "), size,
+                                             F.lit(f" values, but the model was trained on "
+                                                   f"{dim}; {fix}."))))
+                .otherwise(features))
 
     def _output_columns(self, scored: DataFrame) -> DataFrame:
         from pyspark.ml.functions import array_to_vector
@@ -525,6 +554,10 @@ class TorchModel(Model, _TorchParams, PersistentModel):
 
         from sparkdist import store
 
+        missing = sorted({"input_dim", "output_dim"} - set(state))
+        if missing:  # read lazily by transform and module(): refuse now, not as a KeyError
+            raise ModelLoadError(f"'{path}': the saved model state lacks {missing}; the "
+                                 "directory is incomplete or was edited. Save the model again.")
         try:
             raw = store.read_bytes(f"{path}/{WEIGHTS_FILE}")
             weights = torch.load(io.BytesIO(raw), weights_only=True)

@@ -58,7 +58,6 @@ from pyspark.ml.param.shared import (
     HasWeightCol,
 )
 from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, BooleanType, NumericType, StructType
 
 from sparkdist import store
@@ -72,6 +71,7 @@ from sparkdist.exceptions import (
 )
 from sparkdist.launch.barrier import worker_message
 from sparkdist.launch.preflight import preflight
+from sparkdist.models._labels import check_label
 from sparkdist.models._recovery import HasRecovery
 from sparkdist.persist import ParamsPersistence, PersistentModel
 from sparkdist.session import require_classic
@@ -346,30 +346,11 @@ class _XGBoostEstimator(Estimator, HasRecovery, ParamsPersistence):
 
     def _check_label(self, dataset: DataFrame) -> None:
         label = self.getOrDefault("labelCol")
-        aggregates = _label_aggregates(F.col(label).cast("double"), self._counts_classes)
-        stats = dataset.agg(*aggregates).first()
-        assert stats is not None
-        if stats["rows"] == 0:
-            raise SchemaError(f"{type(self).__name__}.fit got an empty DataFrame (0 rows); "
-                              "check the filter or split that produced it.")
-        if stats["missing"]:
-            raise SchemaError(f"labelCol: column '{label}' has {stats['missing']} null or NaN "
-                              "values; drop or fill those rows before fitting.")
+        stats = check_label(dataset, label, type(self).__name__, self._counts_classes)
         self._check_label_values(label, stats)
 
     def _check_label_values(self, label: str, stats: Any) -> None:
-        """Classifiers check class indices; regressors take any non-missing label."""
-
-
-def _label_aggregates(label: Any, classes: bool) -> list[Any]:
-    """Row and missing-label counts, plus (for classifiers) what class indices need."""
-    aggregates = [F.count(F.lit(1)).alias("rows"),
-                  F.count_if(label.isNull() | F.isnan(label)).alias("missing")]
-    if classes:
-        aggregates += [F.min(label).alias("min"), F.max(label).alias("max"),
-                       F.count_if(label != F.floor(label)).alias("fractional"),
-                       F.count_distinct(label).alias("classes")]
-    return aggregates
+        """Classifiers check the class indices further; regressors take any finite label."""
 
 
 def _check_features_type(schema: StructType, name: str) -> None:

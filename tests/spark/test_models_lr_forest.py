@@ -9,6 +9,7 @@ from pyspark.ml import classification as mllib_classification
 from pyspark.ml import regression as mllib_regression
 from pyspark.ml.evaluation import BinaryClassificationEvaluator, RegressionEvaluator
 from pyspark.ml.functions import array_to_vector, vector_to_array
+from pyspark.ml.linalg import Vectors
 from pyspark.ml.tuning import CrossValidator, ParamGridBuilder, TrainValidationSplit
 from pyspark.sql import functions as F
 
@@ -16,6 +17,7 @@ from sparkdist.datasets import CHURN_COUNTS, CHURN_LABEL
 from sparkdist.exceptions import ParamError, SchemaError
 from sparkdist.features import FeatureAssembler, split
 from sparkdist.models import (
+    ALS,
     LogisticRegression,
     LogisticRegressionModel,
     RandomForestClassificationModel,
@@ -345,5 +347,101 @@ def test_threshold_metric_refuses_a_class_too_small_to_hold_out(assembled):
 def test_class_weight_refuses_null_labels(assembled):
     nulls = assembled.withColumn(Y, F.when(F.col("customer_id") < "C0000005", None)
                                  .otherwise(F.col(Y)))
-    with pytest.raises(SchemaError, match="is null in 5 rows"):
+    with pytest.raises(SchemaError, match="has 5 null or NaN values"):
         LogisticRegression(labelCol=Y, classWeight="balanced").fit(nulls)
+
+
+# -- labels and MLlib Param ranges (report D12: F6, F7, F7c, M2b-d, M3) ---------------------
+@pytest.mark.parametrize("name, label, params, error, match", [
+    ("lr", "IF(x = 0, NULL, y)", {}, SchemaError, "'y' has 4 null or NaN values"),
+    ("lr", "IF(x = 0, double('NaN'), y)", {"classWeight": "balanced"}, SchemaError,
+     "'y' has 4 null or NaN values"),
+    ("rfc", "y - 1", {}, SchemaError, "'y' holds negative values.*class indices"),
+    ("lr", "y / 2", {"thresholdMetric": "f1"}, SchemaError, "'y' holds fractional values"),
+    ("lr", "x % 3", {"family": "binomial"}, ParamError,
+     "family='binomial' fits 2 classes, but labelCol 'y' holds 3 classes"),
+    ("rfr", "IF(x = 0, double('-inf'), x)", {}, SchemaError, "'y' has 4 infinite values"),
+])
+def test_bad_labels_are_typed_errors_before_training(spark, name, label, params, error, match):
+    rows = [(Vectors.dense([float(i % 5)]), float(i % 5), float(i % 2)) for i in range(20)]
+    df = spark.createDataFrame(rows, ["features", "x", "y"]).withColumn("y", F.expr(label))
+    estimator = {"lr": LogisticRegression, "rfc": RandomForestClassifier,
+                 "rfr": RandomForestRegressor}[name](labelCol="y", **params)
+    with pytest.raises(error, match=match):
+        estimator.fit(df)
+
+
+def test_three_classes_train_with_family_auto(spark):
+    rows = [(Vectors.dense([float(i % 3)]), float(i % 3)) for i in range(30)]
+    model = LogisticRegression(maxIter=5).fit(spark.createDataFrame(rows, ["features", "label"]))
+    assert model.numClasses == 3
+
+
+@pytest.mark.parametrize("estimator, params, match", [
+    (RandomForestClassifier, {"maxDepth": 40}, r"maxDepth=40 is out of range: "
+     r"RandomForestClassifier needs maxDepth in \[0, 30\] \(Maximum depth of the tree\)"),
+    (LogisticRegression, {"maxIter": -1}, "maxIter=-1 is out of range: LogisticRegression "
+     "needs maxIter >= 0"),
+    (RandomForestRegressor, {"subsamplingRate": 0.0}, r"subsamplingRate in \(0, 1\]"),
+    (RandomForestRegressor, {"impurity": "gini"}, r"impurity one of \['variance'\]"),
+    (ALS, {"rank": 0}, "rank=0 is out of range: ALS needs rank >= 1"),
+])
+def test_mllib_param_ranges_fail_before_any_job(spark, assembled, estimator, params, match):
+    group = f"param-range-{sorted(params)}"
+    spark.sparkContext.setJobGroup(group, "param range")
+    try:
+        with pytest.raises(ParamError, match=match):
+            estimator(**params).fit(assembled)
+    finally:
+        spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
+    assert job_ids(spark, group) == []
+
+
+_PROBES = {
+    "maxIter": [-1, 0, 5], "regParam": [-0.1, 0.0], "tol": [-1e-9, 0.0],
+    "checkpointInterval": [-2, -1, 0, 1], "elasticNetParam": [-0.1, 0.0, 1.0, 1.1],
+    "threshold": [-0.1, 0.0, 1.0, 1.1], "aggregationDepth": [1, 2],
+    "maxBlockSizeInMB": [-1.0, 0.0], "family": ["auto", "Binomial", "multinomial", "x"],
+    "maxDepth": [-1, 0, 30, 31], "maxBins": [1, 2], "minInstancesPerNode": [0, 1],
+    "minInfoGain": [-0.1, 0.0], "maxMemoryInMB": [-1, 0], "numTrees": [0, 1],
+    "subsamplingRate": [0.0, 1e-9, 1.0, 1.1], "minWeightFractionPerNode": [-0.1, 0.0, 0.5],
+    "impurity": ["gini", "Entropy", "variance", "x"],
+    "featureSubsetStrategy": ["auto", "SQRT", "0", "0.5", "1.0", "1.5", "2", "x", "0.0"],
+    "rank": [0, 1], "numUserBlocks": [0, 1], "numItemBlocks": [0, 1], "alpha": [-0.1, 0.0],
+    "blockSize": [0, 1], "coldStartStrategy": ["nan", "NaN", "drop", "x"],
+    "intermediateStorageLevel": ["NONE", "MEMORY_ONLY", "MEMORY_AND_DISK_SER", "x"],
+    "finalStorageLevel": ["NONE", "DISK_ONLY_3", "x"],
+    "thresholds": [[0.5, 0.5], [0.0, 0.0], [-1.0, 2.0], [0.0, 1.0]],
+}
+
+
+def test_param_rules_agree_with_mllib_validators(spark):
+    """sparkdist restates MLlib's JVM validators (so that they run without a session and on
+    Spark Connect); every rule must accept exactly what the JVM accepts."""
+    from pyspark.ml.common import _py2java
+    from pyspark.ml.recommendation import ALS as MLlibALS
+
+    from sparkdist.models._mllib import PARAM_RULES
+
+    assert set(_PROBES) == set(PARAM_RULES)
+    gateway = spark.sparkContext._gateway
+    checked = 0
+    for mllib in (mllib_classification.LogisticRegression(),
+                  mllib_classification.RandomForestClassifier(),
+                  mllib_regression.RandomForestRegressor(), MLlibALS()):
+        for name, values in _PROBES.items():
+            if not mllib.hasParam(name):
+                continue
+            is_valid = mllib._java_obj.getParam(name).isValid()
+            for value in values:
+                value = mllib.getParam(name).typeConverter(value)
+                if isinstance(value, list):  # a Java double[]
+                    java = gateway.new_array(gateway.jvm.double, len(value))
+                    for i, v in enumerate(value):
+                        java[i] = v
+                else:
+                    java = _py2java(spark.sparkContext, value)
+                ours = PARAM_RULES[name](mllib, value) is None
+                assert ours == is_valid.apply(java), (type(mllib).__name__, name, value)
+                checked += 1
+    assert checked > 100

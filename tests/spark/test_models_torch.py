@@ -259,3 +259,40 @@ def test_vector_features_are_accepted(spark):
                                ["features", "label"]).repartition(1)
     model = TorchEstimator(batchSize=4, epochs=1, progress=False).fit(df)
     assert model.inputDim == 2
+
+
+# -- TorchModel.transform on features that do not fit the network (report D12: T9) ----------
+def _two_feature_model() -> TorchModel:
+    """A TorchModel for 2 features (a fresh MLP's weights; no fit needed)."""
+    from sparkdist.train.nets import MLP
+
+    return TorchModel._fitted(MLP(input_dim=2, output_dim=1).state_dict(),
+                              {"input_dim": 2, "output_dim": 1, "num_classes": 2})
+
+
+def test_transform_refuses_a_known_wrong_width_before_any_job(spark):
+    from sparkdist.features import FeatureAssembler
+
+    frame = spark.createDataFrame([(1.0, 2.0, 3.0)], ["a", "b", "c"])
+    three = FeatureAssembler(numericCols=["a", "b", "c"]).fit(frame).transform(frame)
+    with pytest.raises(SchemaError, match="featuresCol: 'features' holds 3 features per row, "
+                                          "but this TorchModel was trained on 2"):
+        _two_feature_model().transform(three)
+    with pytest.raises(SchemaError, match="'a', 'b', 'c' holds 3 features per row"):
+        _two_feature_model()._set(featureCols=["a", "b", "c"]).transform(frame)
+
+
+@pytest.mark.parametrize("rows, match", [
+    ([[1.0, 2.0], None], "a row of featuresCol 'features' is null or holds a null"),
+    ([[1.0, 2.0], [1.0, None]], "a row of featuresCol 'features' is null or holds a null"),
+    ([[1.0, 2.0], [1.0, 2.0, 3.0]], "holds 3 values, but the model was trained on 2"),
+])
+def test_transform_names_a_null_or_wrong_length_row(spark, rows, match):
+    """Arrays carry no width in the schema: the job that reaches a bad row stops with a
+    message naming the column and the fix (not a failure inside the network)."""
+    df = spark.createDataFrame([(r,) for r in rows], "features array<double>")
+    scored = _two_feature_model().transform(df)
+    with pytest.raises(Exception, match=match):
+        scored.collect()
+    good = _two_feature_model().transform(df.limit(1)).collect()
+    assert len(good) == 1 and good[0]["prediction"] in (0.0, 1.0)

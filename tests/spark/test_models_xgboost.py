@@ -374,3 +374,11 @@ def test_import_and_construction_do_not_load_xgboost():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_infinite_label_is_a_schema_error_before_training(vectors):
+    """Report M1e: an inf label was a 3 KB TrainingError ending in a native backtrace."""
+    inf = vectors.selectExpr("features", "IF(label = 1, double('inf'), y) AS y")
+    with pytest.raises(SchemaError, match="labelCol: column 'y' has 30 infinite values; drop "
+                                          "or clip those rows"):
+        XGBoostRegressor(labelCol="y").fit(inf)
