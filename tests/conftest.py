@@ -7,6 +7,22 @@ import os
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+# S3 for every test is the moto server that tests/spark/test_object_store.py starts on this
+# port (never real AWS). Set here, at import, because Spark's Python workers (which write
+# checkpoints) get the environment the JVM had when the session fixture started it.
+os.environ.update(AWS_ENDPOINT_URL=f"http://127.0.0.1:{_free_port()}",
+                  AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
+                  AWS_DEFAULT_REGION="us-east-1")
+
 import pytest  # noqa: E402
 
 SEED = 20261201
