@@ -17,7 +17,7 @@ from pyspark.ml.evaluation import (
 )
 from pyspark.sql import DataFrame
 
-from sparkdist.columns import require_columns
+from sparkdist.columns import col, require_columns
 from sparkdist.exceptions import ParamError
 
 TASKS = ("classification", "regression", "recommendation")
@@ -76,7 +76,7 @@ def classification_metrics(predictions: DataFrame, labelCol: str = "label",
     """Binary: auc, pr_auc, logloss, accuracy, f1 (of class 1). Multiclass: logloss,
     accuracy, f1 (weighted by class)."""
     require_columns(predictions.schema, [labelCol, predictionCol, probabilityCol], "predictions")
-    first = predictions.select(probabilityCol).first()
+    first = predictions.select(col(probabilityCol)).first()
     binary = first is not None and first[0].size == 2
     multi = MulticlassClassificationEvaluator(labelCol=labelCol, predictionCol=predictionCol,
                                               probabilityCol=probabilityCol)

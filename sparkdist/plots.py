@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from pyspark.ml.functions import vector_to_array
 from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
+
+from sparkdist.columns import col
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -51,14 +52,14 @@ def _sample_scores(predictions: DataFrame, labelCol: str, probabilityCol: str,
     rows = predictions.count()
     sample = predictions if rows <= MAX_CURVE_ROWS else predictions.sample(
         fraction=MAX_CURVE_ROWS / rows, seed=seed)
-    pdf = sample.select(vector_to_array(probabilityCol)[1].alias("score"),
-                        F.col(labelCol).cast("int").alias("label")).toPandas()
+    pdf = sample.select(vector_to_array(col(probabilityCol))[1].alias("score"),
+                        col(labelCol).cast("int").alias("label")).toPandas()
     return pdf["score"].to_numpy(), pdf["label"].to_numpy()
 
 
 def confusion_matrix(predictions: DataFrame, labelCol: str, predictionCol: str) -> Figure:
     """Exact counts of (label, prediction) pairs, as a heat map."""
-    counts = predictions.groupBy(labelCol, predictionCol).count().collect()
+    counts = predictions.groupBy(col(labelCol), col(predictionCol)).count().collect()
     classes = sorted({r[labelCol] for r in counts} | {r[predictionCol] for r in counts})
     index = {c: i for i, c in enumerate(classes)}
     matrix = np.zeros((len(classes), len(classes)), dtype=np.int64)

@@ -21,7 +21,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from sparkdist.columns import is_numeric, require_columns, suggest
+from sparkdist.columns import col, is_numeric, require_columns, suggest
 from sparkdist.exceptions import ParamError, SchemaError
 from sparkdist.features import split
 from sparkdist.models._labels import check_label
@@ -123,11 +123,11 @@ def check_input_columns(stage: Params, schema: StructType) -> None:
     numeric = [("labelCol", label)]
     if stage.isDefined("weightCol") and stage.getOrDefault("weightCol"):
         numeric.append(("weightCol", stage.getOrDefault("weightCol")))
-    for param, col in numeric:
-        require_columns(schema, [col], param)
-        if not is_numeric(schema[col].dataType):
-            raise SchemaError(f"{param}: column '{col}' has type "
-                              f"{schema[col].dataType.simpleString()}, not numeric; index a "
+    for param, name in numeric:
+        require_columns(schema, [name], param)
+        if not is_numeric(schema[name].dataType):
+            raise SchemaError(f"{param}: column '{name}' has type "
+                              f"{schema[name].dataType.simpleString()}, not numeric; index a "
                               "string label with FeatureAssembler (or StringIndexer) first.")
 
 
@@ -171,7 +171,7 @@ def check_class_counts(stage: Params, counts: dict[float, int]) -> dict[float, i
 # -- class weights ---------------------------------------------------------------------------
 def class_counts(dataset: DataFrame, label: str) -> dict[float, int]:
     """Rows per label value, in one aggregation."""
-    rows = dataset.groupBy(F.col(label).cast("double").alias("c")).count().collect()
+    rows = dataset.groupBy(col(label).cast("double").alias("c")).count().collect()
     return {r["c"]: r["count"] for r in rows}
 
 
@@ -196,7 +196,7 @@ def confusion_by_threshold(scored: DataFrame, label: str,
     confusion counts by cumulative sums on the driver.
     """
     bin_ = F.ceil(vector_to_array(F.col(_P1))[1] * _BINS).cast("int")
-    rows = (scored.groupBy(bin_.alias("b"), F.col(label).eqNullSafe(1.0).alias("pos"))
+    rows = (scored.groupBy(bin_.alias("b"), col(label).eqNullSafe(1.0).alias("pos"))
             .agg(F.sum(weight).alias("w")).collect())
     hist = np.zeros((2, _BINS + 1))
     for r in rows:
@@ -302,10 +302,10 @@ class _TunedClassifier(_EstimatorBase):
         if self.getClassWeight() is None:
             return dataset, {}
         assert counts is not None
-        weight = balanced_weight(F.col(self.getOrDefault("labelCol")).cast("double"), counts)
+        weight = balanced_weight(col(self.getOrDefault("labelCol")).cast("double"), counts)
         user = _user_weight_col(self)
         if user:
-            weight = weight * F.col(user).cast("double")
+            weight = weight * col(user).cast("double")
         return dataset.withColumn(WEIGHT_COL, weight), {"weightCol": WEIGHT_COL}
 
 
@@ -336,7 +336,7 @@ class _TunedModel(_ModelBase):
         scorer = self.mllib_model
         scorer._set(probabilityCol=_P1, predictionCol="", rawPredictionCol="")
         user = _user_weight_col(self)
-        weight = F.col(user).cast("double") if user else F.lit(1.0)
+        weight = col(user).cast("double") if user else F.lit(1.0)
         thresholds, *counts = confusion_by_threshold(scorer.transform(holdout),
                                                      self.getOrDefault("labelCol"), weight)
         values = metric_values(metric, *counts)

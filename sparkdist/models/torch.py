@@ -60,7 +60,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, BooleanType, NumericType, StructType
 
-from sparkdist.columns import require_columns, suggest
+from sparkdist.columns import col, require_columns, suggest
 from sparkdist.exceptions import ModelLoadError, ParamError, SchemaError
 from sparkdist.launch import gpus
 from sparkdist.launch.barrier import BarrierSettings, run_barrier
@@ -296,7 +296,7 @@ class TorchEstimator(Estimator, _TorchParams, HasSeed, HasRecovery, ParamsPersis
         features = features_array(dataset.schema, self.featureSource())
         _check_numeric(dataset.schema, label, "labelCol")
         return dataset.select(features.alias("features"),
-                              F.col(label).cast("float").alias("label"),
+                              col(label).cast("float").alias("label"),
                               self._validation_flag(dataset, features).alias("is_validation"))
 
     def _validation_flag(self, dataset: DataFrame, features: Any) -> Any:
@@ -306,7 +306,7 @@ class TorchEstimator(Estimator, _TorchParams, HasSeed, HasRecovery, ParamsPersis
                 raise SchemaError(f"validationCol: column '{name}' has type "
                                   f"{dataset.schema[name].dataType.simpleString()}; it must be "
                                   f"boolean (true marks validation rows).")
-            return F.coalesce(F.col(name), F.lit(False))
+            return F.coalesce(col(name), F.lit(False))
         fraction = self.getOrDefault("validationFraction")
         # a seeded hash of the row: the same rows are held out on every run and retry
         bucket = F.abs(F.xxhash64(features, F.lit(self.getOrDefault("seed")))) % 10**6
@@ -575,15 +575,15 @@ def features_array(schema: StructType, columns: list[str]) -> Any:
     if len(columns) > 1:
         for name in columns:
             _check_numeric(schema, name, "featureCols")
-        return F.array(*[F.col(name).cast("float") for name in columns])
+        return F.array(*[col(name).cast("float") for name in columns])
     name = columns[0]
     dtype = schema[name].dataType
     if isinstance(dtype, VectorUDT):
-        return vector_to_array(F.col(name), "float32")
+        return vector_to_array(col(name), "float32")
     if isinstance(dtype, ArrayType) and isinstance(dtype.elementType, NumericType):
-        return F.col(name).cast("array<float>")
+        return col(name).cast("array<float>")
     if isinstance(dtype, NumericType):
-        return F.array(F.col(name).cast("float"))
+        return F.array(col(name).cast("float"))
     raise SchemaError(f"featuresCol: column '{name}' has type {dtype.simpleString()}; use an "
                       f"ML vector, an array of numbers, or numeric columns in featureCols "
                       f"(FeatureAssembler builds a vector from any columns).")
