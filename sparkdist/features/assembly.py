@@ -3,9 +3,11 @@
 Numeric columns pass through (optionally standardised), categorical columns are indexed and
 one-hot encoded (a category unseen at fit time encodes as all zeros), vector columns are
 appended as they are. Missing values, null or NaN, follow ``nullPolicy``; fit refuses
-infinities in numeric columns. The label is cast to double, or indexed when it is a string.
-Column names may hold any character, ``.`` and backticks included. Internally the work is
-done by MLlib stages, so it scales like them.
+infinities in numeric columns. The label is cast to double, or indexed when it is a string:
+fit refuses a null string label, transform refuses a label unseen at fit and keeps a null one
+as null (an unknown outcome). Under ``nullPolicy="drop"`` transform drops rows too, so it can
+return fewer rows than it read. Column names may hold any character, ``.`` and backticks
+included. Internally the work is done by MLlib stages, so it scales like them.
 """
 
 from __future__ import annotations
