@@ -1,21 +1,51 @@
-"""Params for fits that survive failures: checkpoints, a run id to resume, bounded retries."""
+"""Params for fits that survive failures: checkpoints, a run id to resume, bounded retries;
+and the driver's guard of a run (its record, its fingerprint, its lock).
+
+A run lives in ``checkpointDir/runId``: the checkpoints, ``run.json`` (the fingerprint of the
+fit that started it, and whether it completed) and, while a fit holds it, ``lock.json``.
+Before launching anything the driver takes the lock, compares this fit's fingerprint with the
+run's, and decides (see :class:`RunGuard`): start fresh, resume, or refuse with a ParamError
+naming every differing setting. Spark's own stage retries within one fit never pass through
+here: their ranks simply resume from the newest checkpoint.
+"""
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+import re
+import socket
+import threading
+import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from pyspark.ml.param import Param, Params, TypeConverters
+from pyspark.sql import functions as F
 
+from sparkdist import store
 from sparkdist.exceptions import ClusterConfigError, ParamError
-from sparkdist.store import Checkpoints
+from sparkdist.store import Checkpoints, PathExistsError
+
+_LOG = logging.getLogger(__name__)
 
 #: Spark's default for spark.stage.maxConsecutiveAttempts: a stage runs at most this often.
 SPARK_STAGE_ATTEMPTS = 4
+RESUME_MODES = ("auto", "never", "required")
+#: A run id is one path segment: no separators, no "..", no leading dot or dash.
+RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+RUN_FILE, LOCK_FILE = "run.json", "lock.json"
+#: A lock not renewed for this long belongs to a dead driver and may be taken over.
+LEASE_SECONDS = 120.0
+HEARTBEAT_SECONDS = 30.0
+_UNITS = {"epochs": "epochs", "n_estimators": "rounds"}
 
 
 class HasRecovery(Params):
-    """checkpointDir, checkpointEvery, keepCheckpoints, runId and maxRetries."""
+    """checkpointDir, checkpointEvery, keepCheckpoints, runId, resume and maxRetries."""
 
     checkpointDir: Param[str] = Param(
         Params._dummy(), "checkpointDir",
@@ -30,20 +60,27 @@ class HasRecovery(Params):
         typeConverter=TypeConverters.toInt)
     runId: Param[str] = Param(
         Params._dummy(), "runId",
-        "names the run's checkpoints: a fit with the runId of an earlier one resumes it; "
+        "names the run's checkpoints (letters, digits, '.', '_', '-'); see resume; "
         "unset: a new id per fit", typeConverter=TypeConverters.toString)
+    resume: Param[str] = Param(
+        Params._dummy(), "resume",
+        "what a fit does with an earlier run of its runId: 'auto' continues an interrupted "
+        "run with the same settings and data (a mismatch is refused) and trains a completed "
+        "one again from scratch; 'never' always starts from scratch, dropping the run's "
+        "checkpoints; 'required' fails unless there is a run to continue, and may raise "
+        "epochs/n_estimators to continue a completed one", typeConverter=TypeConverters.toString)
     maxRetries: Param[int] = Param(
         Params._dummy(), "maxRetries", "retries of a failed training stage, >= 0",
         typeConverter=TypeConverters.toInt)
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
-        self._setDefault(checkpointEvery=1, keepCheckpoints=3, maxRetries=3)
+        self._setDefault(checkpointEvery=1, keepCheckpoints=3, maxRetries=3, resume="auto")
 
     def checkpoint_location(self, spark: Any,
                             spark_retries: bool = True) -> tuple[str | None, str]:
         """Check the recovery Params against the cluster and return (this run's checkpoint
-        directory or None, run id). Raises before anything is launched.
+        directory or None, run id). Raises before anything is launched or written.
 
         ``spark_retries``: True when the retries are Spark's own stage retries, so maxRetries
         must fit in spark.stage.maxConsecutiveAttempts; False for an estimator that retries
@@ -52,6 +89,8 @@ class HasRecovery(Params):
         for name, low in (("checkpointEvery", 1), ("keepCheckpoints", 1), ("maxRetries", 0)):
             if get(name) < low:
                 raise ParamError(f"{name}={get(name)}: use {low} or more.")
+        if get("resume") not in RESUME_MODES:
+            raise ParamError(f"resume={get('resume')!r} is not one of {list(RESUME_MODES)}.")
         attempts = int(spark.conf.get("spark.stage.maxConsecutiveAttempts",
                                       str(SPARK_STAGE_ATTEMPTS)))
         if spark_retries and get("maxRetries") + 1 > attempts:
@@ -61,8 +100,205 @@ class HasRecovery(Params):
                 f"{get('maxRetries') + 1} when the session starts, or lower maxRetries.")
         run_id = get("runId") if self.isDefined("runId") and get("runId") else \
             uuid.uuid4().hex[:16]
+        if not RUN_ID.match(run_id) or ".." in run_id:
+            raise ParamError(f"runId={run_id!r} is not a plain name: it becomes a directory "
+                             "under checkpointDir, so use letters, digits, '.', '_' and '-' "
+                             "(starting with a letter or digit, no '..'), e.g. 'churn-nightly'.")
         if not (self.isDefined("checkpointDir") and get("checkpointDir")):
             return None, run_id
         location = f"{get('checkpointDir').rstrip('/')}/{run_id}"
         Checkpoints(location).check_writable("checkpointDir")
         return location, run_id
+
+    @contextmanager
+    def guarded_run(self, location: str | None, run_id: str, fingerprint: dict[str, Any],
+                    total: str) -> Iterator[RunGuard | None]:
+        """Hold the run for the enclosed fit (None without checkpointDir): lock it, refuse a
+        mismatch, prepare its checkpoints; the caller marks it complete on success.
+        ``total`` names the Param that counts epochs or rounds."""
+        if location is None:
+            yield None
+            return
+        guard = RunGuard(location, run_id, fingerprint, total)
+        guard.lock()
+        try:
+            guard.start(self.getOrDefault("resume"))
+            yield guard
+        finally:
+            guard.unlock()
+
+
+# ------------------------------------------------------------------------ data identity
+def content_hash(*columns: Any) -> Any:
+    """An aggregate: an order-independent hash of the rows (sum of xxhash64, as a decimal so
+    the sum never overflows). Fold it into a pass the fit already makes."""
+    return F.sum(F.xxhash64(*columns).cast("decimal(20,0)")).alias("content_hash")
+
+
+def data_identity(schema: Any, stats: Any) -> dict[str, Any]:
+    """The fingerprint entries of the training data: the schema of the columns read, the row
+    count and the content hash from the stats row."""
+    return {"data schema": schema.simpleString(), "data rows": int(stats["rows"]),
+            "data content hash": str(stats["content_hash"])}
+
+
+# ------------------------------------------------------------------------ the run guard
+class RunGuard:
+    """One fit's hold on ``checkpointDir/runId``.
+
+    The lock is ``lock.json``, created exclusively (:func:`sparkdist.store.create_exclusive`:
+    of two racing fits one wins) and holding this fit's id, host, pid and an expiry that a
+    daemon thread renews every HEARTBEAT_SECONDS; a lock whose expiry passed (a killed driver)
+    is taken over. ``run.json`` holds the fingerprint, the state ('running' or 'complete')
+    and the epochs/rounds done at completion.
+    """
+
+    def __init__(self, location: str, run_id: str, fingerprint: dict[str, Any],
+                 total: str) -> None:
+        self.location, self.run_id, self.total = location, run_id, total
+        self.fingerprint = _canonical(fingerprint)
+        self.fit_id = uuid.uuid4().hex[:12]
+        self.resumed = False
+        self._stop = threading.Event()
+
+    # -- the lock
+    def lock(self) -> None:
+        path = f"{self.location}/{LOCK_FILE}"
+        try:
+            store.create_exclusive(path, self._lease())
+        except PathExistsError:
+            held = _read_json(path) or {}
+            if float(held.get("expires", 0)) > time.time():
+                raise ParamError(self._held_message(held)) from None
+            _LOG.warning("runId %r: taking over the lock of fit %s, which expired (its "
+                         "driver stopped renewing it)", self.run_id, held.get("fit_id"))
+            store.remove(path)
+            try:
+                store.create_exclusive(path, self._lease())
+            except PathExistsError:  # another fit took it over first
+                raise ParamError(self._held_message(_read_json(path) or {})) from None
+        threading.Thread(target=self._heartbeat, daemon=True,
+                         name=f"sparkdist-lock-{self.run_id}").start()
+
+    def unlock(self) -> None:
+        self._stop.set()
+        path = f"{self.location}/{LOCK_FILE}"
+        if (_read_json(path) or {}).get("fit_id") == self.fit_id:
+            store.remove(path)
+
+    def _lease(self) -> bytes:
+        return json.dumps({"fit_id": self.fit_id, "host": socket.gethostname(),
+                           "pid": os.getpid(), "expires": time.time() + LEASE_SECONDS}).encode()
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_SECONDS):
+            try:
+                store.write_bytes(f"{self.location}/{LOCK_FILE}", self._lease())
+            except Exception as err:  # a store hiccup: the lease lasts LEASE_SECONDS anyway
+                _LOG.warning("runId %r: cannot renew the lock: %s", self.run_id, err)
+
+    def _held_message(self, held: dict[str, Any]) -> str:
+        until = time.strftime("%H:%M:%S", time.localtime(float(held.get("expires", 0))))
+        return (f"runId={self.run_id!r} is in use by another fit (fit {held.get('fit_id')} "
+                f"on host {held.get('host')}, pid {held.get('pid')}; its lock "
+                f"{self.location}/{LOCK_FILE} is renewed while it runs and expires at "
+                f"{until} if its driver died). Wait for it, or use another runId.")
+
+    # -- the run record
+    def start(self, mode: str) -> None:
+        """Decide between a fresh start and a resume (or refuse), then record the run."""
+        record = _read_json(f"{self.location}/{RUN_FILE}")
+        steps = Checkpoints(self.location).steps()
+        self.resumed = mode != "never" and self._resumable(record, steps, mode)
+        if not self.resumed:
+            self._clear(steps)
+        self._write({"fingerprint": self.fingerprint, "state": "running",
+                     "fit_id": self.fit_id, "started": time.time()})
+
+    def complete(self, done: int) -> None:
+        """Record that the run finished after ``done`` epochs or rounds."""
+        self._write({"fingerprint": self.fingerprint, "state": "complete",
+                     "fit_id": self.fit_id, "finished": time.time(), "done": done})
+
+    def _resumable(self, record: dict[str, Any] | None, steps: list[int], mode: str) -> bool:
+        """True to resume; False to start fresh; ParamError to refuse."""
+        fix = (f"use a new runId, or resume='never' to train runId={self.run_id!r} again from "
+               "scratch (its checkpoints are dropped)")
+        if record is None:
+            if steps:
+                raise ParamError(f"runId={self.run_id!r} has checkpoints in {self.location} "
+                                 f"but no {RUN_FILE} saying which fit wrote them (an older "
+                                 f"sparkdist, or copied by hand); {fix}.")
+            if mode == "required":
+                raise ParamError(f"resume='required' but runId={self.run_id!r} has no run in "
+                                 f"{self.location} to resume; use resume='auto'.")
+            return False
+        complete = record.get("state") == "complete"
+        if complete and mode == "auto":
+            _LOG.warning("runId %r completed earlier; training it again from scratch "
+                         "(resume='required' with more %s continues it instead)",
+                         self.run_id, self.total)
+            return False
+        ignore = {self.total} if mode == "required" else set()
+        changed = _differences(record.get("fingerprint", {}), self.fingerprint, ignore)
+        if changed:
+            state = "a completed" if complete else "an interrupted"
+            raise ParamError(f"runId={self.run_id!r} holds {state} run with other settings or "
+                             f"data: {'; '.join(changed)}. Resuming it would mix two "
+                             f"trainings; {fix}.")
+        if mode == "required":
+            self._check_continuable(record, steps, complete)
+        return True
+
+    def _check_continuable(self, record: dict[str, Any], steps: list[int],
+                           complete: bool) -> None:
+        """resume='required': refuse when there is nothing to resume or continue, or when
+        the run already went past this fit's total."""
+        total, done = self.fingerprint[self.total], max(steps, default=0)
+        unit = _UNITS.get(self.total, self.total)
+        if not steps:
+            raise ParamError(f"resume='required' but runId={self.run_id!r} has no checkpoint "
+                             f"in {self.location} to resume from; use resume='auto'.")
+        if total < done:
+            raise ParamError(f"runId={self.run_id!r} already has a checkpoint after {done} "
+                             f"{unit}, more than {self.total}={total}; set {self.total}={done} "
+                             "or more to continue it, or use a new runId.")
+        stopped_early = record.get("done", 0) < record["fingerprint"].get(self.total, 0)
+        if complete and (stopped_early or total == done):
+            raise ParamError(f"resume='required' but runId={self.run_id!r} completed after "
+                             f"{record.get('done')} {unit}: nothing to continue. Raise "
+                             f"{self.total} above {done} to train more (not after an early "
+                             "stop), or use resume='auto' to train it again.")
+
+    def _clear(self, steps: list[int]) -> None:
+        """Drop the run's record and checkpoints, the record first: a fit killed in between
+        leaves checkpoints without a record, which the next fit refuses to resume."""
+        store.remove(f"{self.location}/{RUN_FILE}")
+        for step in steps:
+            store.remove(f"{self.location}/ckpt-{step:010d}")
+
+    def _write(self, record: dict[str, Any]) -> None:
+        store.write_bytes(f"{self.location}/{RUN_FILE}",
+                          json.dumps(record, sort_keys=True).encode())
+
+
+def _canonical(fingerprint: dict[str, Any]) -> dict[str, Any]:
+    """The fingerprint as JSON would give it back (tuples become lists, and so on)."""
+    return dict(json.loads(json.dumps(fingerprint, sort_keys=True, default=repr)))
+
+
+def _differences(old: dict[str, Any], new: dict[str, Any], ignore: set[str]) -> list[str]:
+    """'name: old -> new' for each setting that differs (compared as JSON, so NaN == NaN)."""
+    return [f"{name}: {old.get(name, '(unset)')!r} -> {new.get(name, '(unset)')!r}"
+            for name in sorted((set(old) | set(new)) - ignore)
+            if json.dumps(old.get(name)) != json.dumps(new.get(name))]
+
+
+def _read_json(url: str) -> dict[str, Any] | None:
+    try:
+        return dict(json.loads(store.read_bytes(url)))
+    except FileNotFoundError:
+        return None
+    except ValueError:  # a torn or foreign file: treated as absent, but said
+        _LOG.warning("%s is not valid JSON; ignoring it", url)
+        return None

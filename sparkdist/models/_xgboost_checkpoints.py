@@ -5,7 +5,8 @@ Each chunk is one ``xgboost.spark`` fit with ``n_estimators`` = the chunk's roun
 chunk the booster is saved as UBJSON in :class:`sparkdist.store.Checkpoints`, with the number
 of rounds done as the step. A chunk that fails (its barrier stage is never retried by Spark)
 is run again from the newest intact checkpoint, at most ``maxRetries`` times in all; a fit
-started with the runId of an earlier one continues from that run's newest checkpoint.
+that the driver's run guard lets resume an earlier run (``HasRecovery.guarded_run``)
+continues from that run's newest checkpoint.
 
 A failed chunk's error names its root cause: the job error Spark raises carries whichever task
 failed first, often a rank whose collective only lost its peer, so the failed tasks of the

@@ -66,7 +66,7 @@ from sparkdist.launch import gpus
 from sparkdist.launch.barrier import BarrierSettings, run_barrier
 from sparkdist.launch.preflight import preflight
 from sparkdist.models._classification import stable_seed
-from sparkdist.models._recovery import HasRecovery
+from sparkdist.models._recovery import HasRecovery, content_hash, data_identity
 from sparkdist.persist import ParamsPersistence, PersistentModel
 from sparkdist.train import loop
 
@@ -74,6 +74,10 @@ _LOG = logging.getLogger(__name__)
 WEIGHTS_FILE = "weights.pt"
 USE_GPU = ("auto", True, False)
 NAN_POLICIES = ("error", "drop")
+#: The TorchEstimator Params in the resume fingerprint (with the data identity).
+_TRAJECTORY_PARAMS = ("model", "modelKwargs", "loss", "optimizer", "learningRate",
+                      "weightDecay", "batchSize", "epochs", "seed", "numWorkers", "backend",
+                      "validationFraction", "earlyStoppingPatience", "numClasses", "nanPolicy")
 
 
 def _use_gpu(value: Any) -> Any:
@@ -151,7 +155,11 @@ class TorchEstimator(Estimator, _TorchParams, HasSeed, HasRecovery, ParamsPersis
         ``checkpointEvery`` epochs (and at the end) under ``checkpointDir/runId``, keeping
         the newest ``keepCheckpoints``. When Spark retries the training stage after a failure
         (lost executor, crashed worker), every rank resumes from the latest checkpoint.
-    runId : fitting again with the runId of an interrupted fit resumes it.
+    runId, resume : a fit with the runId of an interrupted one resumes it when every
+        setting and the data match, and refuses a mismatch before launch; with the default
+        resume='auto' a completed run is trained again from scratch ('never': always from
+        scratch; 'required': continue or fail). Two concurrent fits of one runId: the second
+        is refused.
     maxRetries : retries of the failed training stage before the fit fails with the last
         failure's cause.
 
@@ -224,7 +232,8 @@ class TorchEstimator(Estimator, _TorchParams, HasSeed, HasRecovery, ParamsPersis
                  timeoutSeconds: float = 86400.0, rendezvousTimeoutSeconds: float = 300.0,
                  progress: bool = True, checkpointDir: str | None = None,
                  checkpointEvery: int = 1, keepCheckpoints: int = 3, runId: str | None = None,
-                 maxRetries: int = 3, allowUnencrypted: bool = False) -> None:
+                 resume: str = "auto", maxRetries: int = 3,
+                 allowUnencrypted: bool = False) -> None:
         super().__init__()
         self._setDefault(optimizer="adam", learningRate=1e-3, weightDecay=0.0, epochs=10,
                          numWorkers=1, backend="torch", validationFraction=0.0,
@@ -246,14 +255,18 @@ class TorchEstimator(Estimator, _TorchParams, HasSeed, HasRecovery, ParamsPersis
                 "loss_fn": loop.resolve_loss(self.getOrDefault("loss"))}
         checkpoint_dir, run_id = self.checkpoint_location(dataset.sparkSession)
         prepared = self._prepare(dataset)
-        stats = self._check_data(prepared)
+        stats = self._check_data(prepared, identity=checkpoint_dir is not None)
         spec = {**self._spec(stats), **code, "checkpoint_dir": checkpoint_dir,
                 "run_id": run_id}
         self._check_model(spec)
         preflight(dataset.sparkSession, spec["num_workers"], use_gpu=spec["use_gpu"],
                   allow_unencrypted=self.getOrDefault("allowUnencrypted"))
-        payload = self._run(prepared, spec)
-        state, header = loop.unpack_result(payload)
+        fingerprint = self._fingerprint(dataset, stats) if checkpoint_dir else {}
+        with self.guarded_run(checkpoint_dir, run_id, fingerprint, "epochs") as run:
+            payload = self._run(prepared, spec)
+            state, header = loop.unpack_result(payload)
+            if run is not None:
+                run.complete(len(header["history"]))
         model = TorchModel._fitted(state, {**header, **_model_state(spec)})
         self._copyValues(model)
         return model
@@ -312,9 +325,11 @@ class TorchEstimator(Estimator, _TorchParams, HasSeed, HasRecovery, ParamsPersis
         bucket = F.abs(F.xxhash64(features, F.lit(self.getOrDefault("seed")))) % 10**6
         return bucket < F.lit(int(fraction * 10**6)) if fraction else F.lit(False)
 
-    def _check_data(self, prepared: DataFrame) -> dict[str, Any]:
-        """One Spark job: rows, vector lengths, bad values, label range."""
-        stats = prepared.agg(*_data_aggregates()).collect()[0].asDict()
+    def _check_data(self, prepared: DataFrame, identity: bool = False) -> dict[str, Any]:
+        """One Spark job: rows, vector lengths, bad values, label range; with ``identity``
+        also the content hash of the rows (the resume fingerprint's data identity)."""
+        extra = [content_hash("features", "label", "is_validation")] if identity else []
+        stats = prepared.agg(*_data_aggregates(), *extra).collect()[0].asDict()
         source = ", ".join(self.featureSource())
         if stats["rows"] == 0:
             raise SchemaError("TorchEstimator got an empty DataFrame; there is nothing to train.")
@@ -349,6 +364,18 @@ class TorchEstimator(Estimator, _TorchParams, HasSeed, HasRecovery, ParamsPersis
         if loss == "cross_entropy" and classes and stats["max_label"] >= classes:
             raise ParamError(f"numClasses={classes} but labelCol '{label}' reaches "
                              f"{stats['max_label']:.0f}; raise numClasses or leave it 0.")
+
+    def _fingerprint(self, dataset: DataFrame, stats: dict[str, Any]) -> dict[str, Any]:
+        """What decides the training trajectory, by Param name, plus the data's identity: a
+        run resumes only when all of it matches (useGpu and the checkpoint Params do not
+        count, so a run may resume on other hardware)."""
+        columns = self.featureSource() + [self.getOrDefault("labelCol")]
+        if self.isSet("validationCol"):
+            columns.append(self.getOrDefault("validationCol"))
+        return {**{name: self.getOrDefault(name) for name in _TRAJECTORY_PARAMS},
+                "validationCol": self.getOrDefault("validationCol")
+                if self.isSet("validationCol") else None,
+                **data_identity(dataset.select(*columns).schema, stats)}
 
     def _spec(self, stats: dict[str, Any]) -> dict[str, Any]:
         """Every Param the executors need, as plain values (never ``self``)."""

@@ -12,8 +12,10 @@ With ``checkpointDir`` set, ``fit`` boosts in chunks of ``checkpointEvery`` roun
 continuing from the booster saved after the previous one under ``checkpointDir/runId`` (the
 newest ``keepCheckpoints`` kept). A failed chunk is run again from the newest intact checkpoint,
 at most ``maxRetries`` times per fit, then the fit raises TrainingError with the last cause. A
-fit given the ``runId`` of an earlier one continues it: ``n_estimators`` is the total, so the
-same runId with a larger ``n_estimators`` boosts only the missing rounds. Without sampling
+fit given the ``runId`` of an interrupted one continues it when its Params and data match
+(a mismatch is refused before launch, naming each difference); ``resume='required'`` with a
+larger ``n_estimators`` (the total) boosts only the missing rounds of a completed run, which
+the default ``resume='auto'`` trains again from scratch (see ``HasRecovery``). Without sampling
 (``subsample``, ``colsample_*``) the chunked booster equals the one of a single fit.
 ``early_stopping_rounds`` cannot be combined with checkpoints (the count would restart in every
 chunk), and ``callbacks`` see each chunk as its own training (``epoch`` restarts at 0).
@@ -72,7 +74,7 @@ from sparkdist.exceptions import (
 from sparkdist.launch.barrier import worker_message
 from sparkdist.launch.preflight import preflight
 from sparkdist.models._labels import check_label
-from sparkdist.models._recovery import HasRecovery
+from sparkdist.models._recovery import HasRecovery, content_hash, data_identity
 from sparkdist.persist import ParamsPersistence, PersistentModel
 from sparkdist.session import require_classic
 
@@ -165,6 +167,13 @@ _SHARED_PARAMS: dict[str, tuple[Any, Any, str]] = {
 _REGRESSION_PARAMS = {"objective": (_S, "reg:squarederror", "learning objective, e.g. "
                                     "'reg:squarederror', 'reg:absoluteerror', 'count:poisson'")}
 _OUTPUT_COL_PARAMS = ("base_margin_col", "pred_contrib_col")  # defaults are "unset", not None
+#: Params that do not change the booster a fit builds: left out of the resume fingerprint
+#: (device too, so that a run may resume on other hardware).
+_NOT_TRAJECTORY = frozenset({
+    "checkpointDir", "keepCheckpoints", "runId", "resume", "maxRetries", "callbacks",
+    "allowUnencrypted", "predictionCol", "probabilityCol", "rawPredictionCol",
+    "pred_contrib_col", "iteration_range", "importance_type", "verbose", "verbosity",
+    "validate_parameters", "launch_tracker_on_driver", "device"})
 
 
 def _declare(cls: type, table: dict[str, tuple[Any, Any, str]]) -> None:
@@ -258,11 +267,11 @@ class _XGBoostEstimator(Estimator, HasRecovery, ParamsPersistence):
 
     def _fit(self, dataset: DataFrame) -> _XGBoostModel:
         require_classic(dataset, f"{type(self).__name__}.fit (xgboost.spark)", _CONNECT_FIX)
-        location, run_id = self._validate(dataset)
+        location, run_id, stats = self._validate(dataset)
         if location is None:
             model = self._model_class(self._fit_once(dataset))
         else:
-            model = self._fit_checkpointed(dataset, location, run_id)
+            model = self._fit_checkpointed(dataset, location, run_id, stats)
         self._copyValues(model)
         return model
 
@@ -274,36 +283,54 @@ class _XGBoostEstimator(Estimator, HasRecovery, ParamsPersistence):
             raise TrainingError(f"XGBoost training failed on the executors: "
                                 f"{worker_message(err)}") from err
 
-    def _fit_checkpointed(self, dataset: DataFrame, location: str,
-                          run_id: str) -> _XGBoostModel:
-        """Boost in checkpointed chunks (see ``_xgboost_checkpoints``); wrap the final booster."""
+    def _fit_checkpointed(self, dataset: DataFrame, location: str, run_id: str,
+                          stats: Any) -> _XGBoostModel:
+        """Boost in checkpointed chunks (see ``_xgboost_checkpoints``) while holding the run
+        (see ``HasRecovery.guarded_run``); wrap the final booster."""
         from sparkdist.models import _xgboost_checkpoints as chunks
 
         get = self.getOrDefault
         plan = chunks.ChunkPlan(location=location, run_id=run_id, rounds=get("n_estimators"),
                                 every=get("checkpointEvery"), keep=get("keepCheckpoints"),
                                 max_retries=get("maxRetries"))
-        raw, summary = chunks.fit_in_chunks(self._xgboost_estimator, dataset, plan,
-                                            getattr(self, "_fault", None))
+        fingerprint = {**self._trajectory(),
+                       **data_identity(dataset.select(*self._data_columns()).schema, stats)}
+        with self.guarded_run(location, run_id, fingerprint, "n_estimators") as run:
+            raw, summary = chunks.fit_in_chunks(self._xgboost_estimator, dataset, plan,
+                                                getattr(self, "_fault", None))
+            assert run is not None
+            run.complete(plan.rounds)
         return self._model_class(self._model_class._wrap_booster(raw, location), summary)
+
+    def _trajectory(self) -> dict[str, Any]:
+        """Every Param that shapes the boosting (the resume fingerprint, with the data)."""
+        return {param.name: value for param, value in self.extractParamMap().items()
+                if param.name not in _NOT_TRAJECTORY}
+
+    def _data_columns(self) -> list[str]:
+        """The input columns the fit reads."""
+        names = ("featuresCol", "labelCol", "weightCol", "base_margin_col",
+                 "validationIndicatorCol")
+        return [self.getOrDefault(n) for n in names if self.isDefined(n) and self.getOrDefault(n)]
 
     def _xgboost_estimator(self) -> Any:
         return _push_params(self, getattr(_xgboost_spark(), self._xgb_estimator)())
 
     # validation: Params, then checkpoints, schema, the cluster, then one pass over the label
-    def _validate(self, dataset: DataFrame) -> tuple[str | None, str]:
-        """Check everything before launch; return (checkpoint directory or None, run id)."""
+    def _validate(self, dataset: DataFrame) -> tuple[str | None, str, Any]:
+        """Check everything before launch; return (checkpoint directory or None, run id,
+        the data stats: with checkpoints, the content hash included)."""
         self._check_params()
         # xgboost.spark's barrier stage is never retried by Spark: retries happen on the
         # driver, so spark.stage.maxConsecutiveAttempts does not bound maxRetries here.
-        location = self.checkpoint_location(dataset.sparkSession, spark_retries=False)
+        location, run_id = self.checkpoint_location(dataset.sparkSession, spark_retries=False)
         self._check_schema(dataset.schema)
         # TorchEstimator's cluster checks (task slots, dynamic allocation, security); GPUs are
         # xgboost.spark's own check of ``device`` (in _check_params).
         preflight(dataset.sparkSession, self.getOrDefault("num_workers"), gpu_checks=False,
                   allow_unencrypted=self.getOrDefault("allowUnencrypted"), param="num_workers")
-        self._check_label(dataset)
-        return location
+        identity = [content_hash(*self._data_columns())] if location else []
+        return location, run_id, self._check_label(dataset, identity)
 
     def _check_params(self) -> None:
         workers, device = self.getOrDefault("num_workers"), self.getOrDefault("device")
@@ -344,10 +371,12 @@ class _XGBoostEstimator(Estimator, HasRecovery, ParamsPersistence):
                                       f"{schema[column].dataType.simpleString()}; it must be "
                                       f"{'boolean' if family is BooleanType else 'numeric'}.")
 
-    def _check_label(self, dataset: DataFrame) -> None:
+    def _check_label(self, dataset: DataFrame, extra: list[Any]) -> Any:
+        """One pass: the label checks, plus ``extra`` aggregates; the stats row."""
         label = self.getOrDefault("labelCol")
-        stats = check_label(dataset, label, type(self).__name__, self._counts_classes)
+        stats = check_label(dataset, label, type(self).__name__, self._counts_classes, extra)
         self._check_label_values(label, stats)
+        return stats
 
     def _check_label_values(self, label: str, stats: Any) -> None:
         """Classifiers check the class indices further; regressors take any finite label."""

@@ -18,7 +18,10 @@ from sparkdist.exceptions import TrainingError
 if TYPE_CHECKING:
     import torch
 
-#: The spec entries a checkpoint must agree on to be resumed from.
+#: The spec entries a checkpoint must agree on to be resumed from: a backstop inside the task.
+#: The driver compares the whole fingerprint (settings and data, ``run.json``) before launch
+#: (:class:`sparkdist.models._recovery.RunGuard`), so this check fails only for checkpoints
+#: changed behind a fit's back.
 FINGERPRINT_KEYS = ("module_name", "module_kwargs", "input_dim", "output_dim", "loss",
                     "optimizer")
 

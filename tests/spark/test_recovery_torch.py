@@ -1,5 +1,6 @@
 """TorchEstimator under failures: checkpoints, automatic resume on Spark's stage retry, re-runs
-by runId, bounded retries, a peer that never arrives, damaged checkpoints, bad settings."""
+by runId (more in test_resume_safety.py), bounded retries, a peer that never arrives, damaged
+checkpoints, bad settings."""
 
 from __future__ import annotations
 
@@ -51,31 +52,39 @@ def test_a_failed_rank_resumes_from_the_checkpoint_to_the_same_weights(
     assert (tmp_path / "fired-1.pid").exists() and summary["resumed_from_epoch"] == 2
     assert [epoch["epoch"] for epoch in model.history] == [1, 2, 3, 4]
     assert _same_weights(model, uninterrupted)
-    assert sorted(os.listdir(tmp_path / "ckpt" / summary["run_id"])) == [
+    assert sorted(name for name in os.listdir(tmp_path / "ckpt" / summary["run_id"])
+                  if name.startswith("ckpt-")) == [
         "ckpt-0000000002", "ckpt-0000000003", "ckpt-0000000004"]
 
 
 @pytest.mark.slow
-def test_fitting_again_with_the_run_id_resumes(data, uninterrupted, tmp_path):
+def test_resume_required_continues_a_completed_run_to_more_epochs(data, uninterrupted,
+                                                                  tmp_path):
     first = TorchEstimator(epochs=2, checkpointDir=str(tmp_path), runId="nightly",
                            **SETTINGS).fit(data)
     assert first.trainingSummary["resumed_from_epoch"] is None
     resumed = TorchEstimator(epochs=4, checkpointDir=str(tmp_path), runId="nightly",
-                             **SETTINGS).fit(data)
+                             resume="required", **SETTINGS).fit(data)
     assert resumed.trainingSummary["resumed_from_epoch"] == 2
     assert resumed.history[:2] == first.history
     assert _same_weights(resumed, uninterrupted)
 
 
 @pytest.mark.slow
-def test_a_damaged_latest_checkpoint_falls_back_to_the_one_before(data, tmp_path):
-    TorchEstimator(epochs=3, checkpointDir=str(tmp_path), runId="r", **SETTINGS).fit(data)
-    latest = tmp_path / "r" / "ckpt-0000000003"
+def test_a_damaged_latest_checkpoint_falls_back_to_the_one_before(data, uninterrupted,
+                                                                  tmp_path):
+    ckpt = str(tmp_path / "ckpt")
+    failing = inject_fault(TorchEstimator(epochs=4, checkpointDir=ckpt, runId="r",
+                                          maxRetries=0, **SETTINGS),
+                           str(tmp_path), rank=1, epoch=4, step=0)
+    with pytest.raises(TrainingError):  # an interrupted run: checkpoints 1-3
+        failing.fit(data)
+    latest = tmp_path / "ckpt" / "r" / "ckpt-0000000003"
     latest.write_bytes(latest.read_bytes()[:100])  # a torn write
-    model = TorchEstimator(epochs=3, checkpointDir=str(tmp_path), runId="r",
-                           **SETTINGS).fit(data)
+    model = TorchEstimator(epochs=4, checkpointDir=ckpt, runId="r", **SETTINGS).fit(data)
     assert model.trainingSummary["resumed_from_epoch"] == 2
-    assert len(model.history) == 3
+    assert len(model.history) == 4
+    assert _same_weights(model, uninterrupted)
 
 
 @pytest.mark.slow

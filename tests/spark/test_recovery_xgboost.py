@@ -1,6 +1,6 @@
 """XGBoost estimators under failures: checkpoints every few boosting rounds, a failed chunk
 retried from the last checkpoint, re-runs by runId, bounded retries, damaged checkpoints, and
-settings refused before launch."""
+settings refused before launch (re-runs of a runId: test_resume_safety.py)."""
 
 from __future__ import annotations
 
@@ -77,18 +77,18 @@ def test_a_failed_rank_resumes_from_the_checkpoint_to_the_same_booster(
 
 
 @pytest.mark.slow
-def test_fitting_again_with_the_run_id_continues_to_the_new_total(data, uninterrupted,
-                                                                   tmp_path):
+def test_resume_required_continues_a_completed_run_to_the_new_total(data, uninterrupted,
+                                                                    tmp_path):
     first = XGBoostClassifier(n_estimators=4, checkpointDir=str(tmp_path), runId="nightly",
                               **SETTINGS).fit(data)
     assert first.get_booster().num_boosted_rounds() == 4
     resumed = XGBoostClassifier(n_estimators=6, checkpointDir=str(tmp_path), runId="nightly",
-                                **SETTINGS).fit(data)
+                                resume="required", **SETTINGS).fit(data)
     assert resumed.trainingSummary["resumed_from_round"] == 4
     assert _booster(resumed) == _booster(uninterrupted)
     with pytest.raises(ParamError, match="after 6 rounds, more than n_estimators=2"):
         XGBoostClassifier(n_estimators=2, checkpointDir=str(tmp_path), runId="nightly",
-                          **SETTINGS).fit(data)
+                          resume="required", **SETTINGS).fit(data)
 
 
 @pytest.mark.slow
@@ -106,17 +106,22 @@ def test_retries_are_bounded_and_the_last_cause_reaches_the_user(data, tmp_path)
 
 
 @pytest.mark.slow
-def test_a_damaged_latest_checkpoint_falls_back_to_the_one_before(data, tmp_path, caplog):
-    first = XGBoostClassifier(n_estimators=4, checkpointDir=str(tmp_path), runId="r",
-                              **SETTINGS).fit(data)
-    latest = tmp_path / "r" / "ckpt-0000000004"
+def test_a_damaged_latest_checkpoint_falls_back_to_the_one_before(data, uninterrupted,
+                                                                  tmp_path, caplog):
+    ckpt = str(tmp_path / "ckpt")
+    failing = inject_fault(XGBoostClassifier(n_estimators=6, checkpointDir=ckpt, runId="r",
+                                             maxRetries=0, **SETTINGS),
+                           str(tmp_path), rank=1, epoch=5)
+    with pytest.raises(TrainingError):  # an interrupted run: checkpoints after 2 and 4
+        failing.fit(data)
+    latest = tmp_path / "ckpt" / "r" / "ckpt-0000000004"
     latest.write_bytes(latest.read_bytes()[:100])  # a torn write
     with caplog.at_level(logging.WARNING, logger="sparkdist"):
-        model = XGBoostClassifier(n_estimators=4, checkpointDir=str(tmp_path), runId="r",
+        model = XGBoostClassifier(n_estimators=6, checkpointDir=ckpt, runId="r",
                                   **SETTINGS).fit(data)
     assert "ckpt-0000000004 is damaged" in caplog.text
     assert model.trainingSummary["resumed_from_round"] == 2
-    assert _booster(model) == _booster(first)
+    assert _booster(model) == _booster(uninterrupted)
 
 
 def test_bad_recovery_settings_fail_before_launch(data, tmp_path):
