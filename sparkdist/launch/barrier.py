@@ -42,7 +42,9 @@ import hmac
 import json
 import logging
 import os
+import re
 import secrets
+import shutil
 import socket
 import sys
 import tempfile
@@ -116,7 +118,7 @@ class WorkerContext:
         self._failure_reported = False
         #: Each rank's executor id and host, once :meth:`rendezvous` has run.
         self.placement: list[dict[str, Any]] = []
-        self.scratch = tempfile.mkdtemp(prefix=f"sparkdist-rank{self.rank}-")
+        self.scratch = make_scratch(self.rank)
         #: Names this stage attempt in failure reports: the lowest task id of the attempt once
         #: the rendezvous told it, this task's id before (ids of a retry are all higher).
         self.attempt_key: int = task.taskAttemptId()
@@ -202,8 +204,6 @@ class WorkerContext:
         if self._report_socket is not None:
             with contextlib.suppress(OSError):
                 self._report_socket.close()
-        import shutil
-
         shutil.rmtree(self.scratch, ignore_errors=True)
 
 
@@ -374,6 +374,33 @@ def _executor_id() -> str:
             if args[0].endswith(b"java"):
                 return "driver"
     return "unknown"
+
+
+_SCRATCH = re.compile(r"sparkdist-rank\d+-pid(\d+)-")
+
+
+def make_scratch(rank: int) -> str:
+    """A private directory for a rank's copy of its partition, in Spark's own local
+    directory of this executor (``SPARK_LOCAL_DIRS``, which Spark deletes when the
+    application ends). A task that Spark kills never runs its cleanup, so first remove what
+    earlier ranks whose process is gone left here: no copy of training data outlives its
+    task for longer than the next fit on the same executor."""
+    root = os.environ.get("SPARK_LOCAL_DIRS", tempfile.gettempdir()).split(",")[0]
+    for name in os.listdir(root):
+        found = _SCRATCH.match(name)
+        if found and not _alive(int(found.group(1))):
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+    return tempfile.mkdtemp(prefix=f"sparkdist-rank{rank}-pid{os.getpid()}-", dir=root)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive, and not ours to clean
+        return True
+    return True
 
 
 def _with_timeout(call: Callable[[], Any], timeout_s: float, message: str) -> Any:
