@@ -83,7 +83,7 @@ def locate(url: str, param: str = "path") -> Location:
     if scheme is None:  # a local path; dbfs:/ is mounted at /dbfs on every Databricks node
         return Location(fsspec.filesystem("file"), os.path.abspath(url), url)
     if scheme not in SCHEMES:
-        raise ParamError(f"{param}={url!r}: sparkdist cannot write '{scheme}://' paths; use a "
+        raise ParamError(f"{param}={url!r}: sparkdist cannot read or write '{scheme}://' paths; use a "
                          f"local path or one of {', '.join(s + '://' for s in SCHEMES)}.")
     protocol, package = SCHEMES[scheme]
     rest = url[len(scheme) + 1:]

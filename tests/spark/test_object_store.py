@@ -163,7 +163,7 @@ def test_every_s3_path_shares_one_client(s3):
 
 @pytest.mark.parametrize("url", ["ftp://host/models/m", "foo://bucket/models/m"])
 def test_an_unsupported_scheme_is_refused_before_anything_runs(spark, url, nonlinear):
-    supported = r"(?s)cannot write.*s3://.*s3a://.*gs://.*abfss://.*wasbs://"
+    supported = r"(?s)cannot read or write.*s3://.*s3a://.*gs://.*abfss://.*wasbs://"
     with pytest.raises(ParamError, match=supported):
         save_model(LogisticRegression(), url)
     with pytest.raises(ParamError, match=supported):

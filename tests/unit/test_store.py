@@ -50,7 +50,7 @@ def test_bucket_roots_are_refused(path):
 
 @pytest.mark.parametrize("path", ["ftp://host/models", "foo://bucket/m", "http://x/y"])
 def test_unsupported_schemes_name_the_supported_ones(path):
-    with pytest.raises(ParamError, match=r"cannot write.*s3a://.*gs://.*abfss://"):
+    with pytest.raises(ParamError, match=r"cannot read or write.*s3a://.*gs://.*abfss://"):
         locate(path, "checkpointDir")
 
 
