@@ -12,7 +12,7 @@ export GLOO_SOCKET_IFNAME ?= lo
 export PYSPARK_PYTHON     := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: setup horovod demo test bench lint data check-java clean
+.PHONY: setup horovod demo test test-unit test-fast bench lint data check-java clean
 
 setup: $(STAMP)
 
@@ -43,8 +43,19 @@ check-java:
 demo: setup
 	$(PY) jobs/train.py
 
+# The whole suite (CI runs this).
 test: setup $(HVD_STAMP)
 	$(PY) -m pytest -q --durations=15
+
+# No Spark, no JVM: seconds.
+test-unit: setup
+	$(PY) -m pytest -q -m "not slow" tests/unit
+
+# Unit tests and the quick Spark tests (each a few seconds at most): about 3 minutes on 2 cores.
+# Slow, cluster, Connect, notebook and Horovod tests run only in `make test`.
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow and not cluster and not horovod and not gpu" \
+	  tests/unit tests/spark tests/jobs
 
 # Every benchmark, then bench/results/latest.{json,md,png} (about 12 minutes on 2 cores).
 bench: setup

@@ -43,6 +43,19 @@ def spark():
 
 @pytest.fixture
 def seed() -> int:
+    """The suite's seed: handed to the code under test, and set on Python's and NumPy's
+    global generators (and torch's, when installed) for the test that asks for it."""
+    import random
+
+    import numpy as np
+
+    random.seed(SEED)
+    np.random.seed(SEED)
+    try:
+        import torch
+    except ImportError:
+        return SEED
+    torch.manual_seed(SEED)
     return SEED
 
 

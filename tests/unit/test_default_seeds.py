@@ -14,6 +14,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow  # two interpreters import every model family (about 15 s)
+
 # Imports every sparkdist module and prints {class: default seed} for each public Params
 # class that has a seed Param with a default.
 _PROBE = """

@@ -75,6 +75,7 @@ def test_objects_that_are_neither_class_nor_function_are_refused_by_the_param():
         TorchEstimator(loss=torch.nn.L1Loss())
 
 
+@pytest.mark.slow  # two interpreters import torch
 def test_default_seed_is_the_same_in_every_process():
     probe = "from sparkdist.models import TorchEstimator; print(TorchEstimator().getSeed())"
     seeds = {subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True,
