@@ -11,6 +11,7 @@ from typing import Any
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from sparkdist.columns import col
 from sparkdist.exceptions import SchemaError
 
 
@@ -34,7 +35,7 @@ def check_label(dataset: DataFrame, label: str, owner: str, classes: bool,
     """Run the label aggregation (plus ``extra``) as one job and refuse what no fit can use:
     no rows, null/NaN or infinite labels and, for a classifier, labels that are not class
     indices 0, 1, ... (negative or fractional). Returns the stats row."""
-    stats = dataset.agg(*label_aggregates(F.col(label).cast("double"), classes),
+    stats = dataset.agg(*label_aggregates(col(label).cast("double"), classes),
                         *extra).first()
     assert stats is not None
     if stats["rows"] == 0:
