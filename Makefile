@@ -43,8 +43,8 @@ check-java:
 demo: setup
 	$(PY) jobs/train.py
 
-# The whole suite (CI runs this).
-test: setup $(HVD_STAMP)
+# The whole suite (CI runs this): lint and types first, any finding fails it.
+test: lint $(HVD_STAMP)
 	$(PY) -m pytest -q --durations=15
 
 # No Spark, no JVM: seconds.

@@ -47,7 +47,7 @@ def evaluate(model: Model, df: DataFrame, k: int = 10) -> dict[str, float]:
         predictions.unpersist()
 
 
-def final_stage(model: Model) -> Any:
+def final_stage(model: Any) -> Any:
     """The stage that makes the predictions: the last one of a PipelineModel."""
     while isinstance(model, PipelineModel):
         model = model.stages[-1]
@@ -88,8 +88,8 @@ def classification_metrics(predictions: DataFrame, labelCol: str = "label",
         metrics["pr_auc"] = roc.evaluate(predictions, {roc.metricName: "areaUnderPR"})
     metrics["logloss"] = multi.evaluate(predictions, {multi.metricName: "logLoss"})
     metrics["accuracy"] = multi.evaluate(predictions, {multi.metricName: "accuracy"})
-    f1 = {multi.metricName: "fMeasureByLabel", multi.metricLabel: 1.0} if binary else {
-        multi.metricName: "f1"}
+    f1: dict[Any, Any] = ({multi.metricName: "fMeasureByLabel", multi.metricLabel: 1.0}
+                          if binary else {multi.metricName: "f1"})
     metrics["f1"] = multi.evaluate(predictions, f1)
     return metrics
 

@@ -52,7 +52,7 @@ def _sample_scores(predictions: DataFrame, labelCol: str, probabilityCol: str,
     rows = predictions.count()
     sample = predictions if rows <= MAX_CURVE_ROWS else predictions.sample(
         fraction=MAX_CURVE_ROWS / rows, seed=seed)
-    pdf = sample.select(vector_to_array(col(probabilityCol))[1].alias("score"),
+    pdf: Any = sample.select(vector_to_array(col(probabilityCol))[1].alias("score"),
                         col(labelCol).cast("int").alias("label")).toPandas()
     return pdf["score"].to_numpy(), pdf["label"].to_numpy()
 

@@ -83,8 +83,9 @@ def locate(url: str, param: str = "path") -> Location:
     if scheme is None:  # a local path; dbfs:/ is mounted at /dbfs on every Databricks node
         return Location(fsspec.filesystem("file"), os.path.abspath(url), url)
     if scheme not in SCHEMES:
-        raise ParamError(f"{param}={url!r}: sparkdist cannot read or write '{scheme}://' paths; use a "
-                         f"local path or one of {', '.join(s + '://' for s in SCHEMES)}.")
+        raise ParamError(f"{param}={url!r}: sparkdist cannot read or write '{scheme}://' "
+                         f"paths; use a local path or one of "
+                         f"{', '.join(s + '://' for s in SCHEMES)}.")
     protocol, package = SCHEMES[scheme]
     rest = url[len(scheme) + 1:]
     if scheme in ("file", "dbfs"):

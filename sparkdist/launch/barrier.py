@@ -311,7 +311,7 @@ class _Attempts:
                 self.give_up()
 
     def error(self, description: str) -> TrainingError:
-        return TrainingError(f"{description}: gave up after {self.max_retries + 1} failed "
+        return TrainingError(f"{description}: gave up after {(self.max_retries or 0) + 1} failed "
                              f"attempt(s) (maxRetries={self.max_retries}). The last "
                              f"failure: {self.last}")
 
@@ -496,8 +496,9 @@ def _collect(stage: DataFrame, tag: str, description: str, timeout_s: float | No
         if sc is None:
             spark.removeTag(tag)
         else:
-            sc.setLocalProperty("spark.jobGroup.id", None)
-            sc.setLocalProperty("spark.job.description", None)
+            # None removes a property (pyspark's stubs say str only)
+            sc.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+            sc.setLocalProperty("spark.job.description", None)  # type: ignore[arg-type]
 
 
 def _cancel(spark: Any, tag: str) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from py4j.protocol import Py4JJavaError
 from pyspark.errors import PySparkException
@@ -123,7 +123,9 @@ def check_mllib_params(stage: Params) -> None:
                              f"needs {param.name} {allowed} ({what}).")
 
 
-def copy_shared_params(source: Params, target: Params) -> Params:
+_P = TypeVar("_P", bound=Params)
+
+def copy_shared_params(source: Params, target: _P) -> _P:
     """Copy every Param of ``source`` that ``target`` also has: set values as set, defaults as
     defaults (so MLlib's threshold/thresholds consistency check sees only real choices)."""
     for param, value in source.extractParamMap().items():
@@ -186,7 +188,7 @@ class MLlibModel(Model, PersistentModel):
         self._inner = inner
 
     @property
-    def mllib_model(self) -> JavaModel:
+    def mllib_model(self) -> Any:  # the MLlib model class of each wrapper
         """The wrapped MLlib model (coefficients, trees, summaries)."""
         assert self._inner is not None, f"{type(self).__name__} is not fitted"
         return copy_shared_params(self, self._inner.copy())

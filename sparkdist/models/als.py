@@ -271,7 +271,7 @@ class ALSModel(MLlibModel, _ALSModelParams):
     setBlockSize = _setter("blockSize")
 
     @property
-    def mllib_model(self) -> JavaModel:
+    def mllib_model(self) -> Any:
         inner = super().mllib_model
         return inner._set(userCol=_U, itemCol=_I)
 
@@ -614,7 +614,7 @@ def ensure_checkpoint_dir(spark: SparkSession) -> str | None:
         return _connect_checkpoint_dir(spark)
     sc = spark.sparkContext
     if sc.getCheckpointDir() is None:
-        directory = _default_checkpoint_dir(sc.master, sc.applicationId)
+        directory = _default_checkpoint_dir(str(sc.master), sc.applicationId)
         sc.setCheckpointDir(directory)
         _log_once(f"sparkdist set the Spark checkpoint directory to {directory} so that ALS "
                   "honours checkpointInterval; to choose another, call "
