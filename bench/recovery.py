@@ -43,12 +43,12 @@ def estimator(checkpoint_dir: str, epochs: int) -> Any:
 
 
 def timed_fit(df: Any, epochs: int, fault: dict[str, Any] | None) -> tuple[float, Any]:
-    from sparkdist.testing import inject_fault
+    from sparkdist.failpoints import arm
 
     with tempfile.TemporaryDirectory() as work:
         fit = estimator(os.path.join(work, "ckpt"), epochs)
         if fault:
-            fit = inject_fault(fit, work, rank=1, **fault)
+            fit = arm(fit, work, rank=1, **fault)
         started = time.perf_counter()
         model = fit.fit(df)
         seconds = time.perf_counter() - started

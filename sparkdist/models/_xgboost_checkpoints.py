@@ -42,10 +42,10 @@ from pyspark import StorageLevel
 from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame
 
+from sparkdist import failpoints
 from sparkdist.exceptions import ParamError, TrainingError
 from sparkdist.launch.barrier import worker_message
 from sparkdist.store import Checkpoints
-from sparkdist.testing import trip
 
 _LOG = logging.getLogger(__name__)
 BOOSTER_FORMAT = "ubj"
@@ -105,7 +105,7 @@ def chunk_end(done: int, rounds: int, every: int) -> int:
 
 
 def fit_in_chunks(new_inner: Callable[[], Any], dataset: DataFrame, plan: ChunkPlan,
-                  fault: dict[str, Any] | None = None) -> tuple[bytes, dict[str, Any]]:
+                  failpoint: dict[str, Any] | None = None) -> tuple[bytes, dict[str, Any]]:
     """Boost ``plan.rounds`` rounds in checkpointed chunks, resuming and retrying as needed.
 
     Parameters
@@ -113,7 +113,7 @@ def fit_in_chunks(new_inner: Callable[[], Any], dataset: DataFrame, plan: ChunkP
     new_inner : makes the configured ``xgboost.spark`` estimator (one per chunk).
     dataset : the training rows; persisted for the fit when it takes several chunks.
     plan : rounds, chunking, checkpoint location and retry budget.
-    fault : a test's injected fault (:func:`sparkdist.testing.inject_fault`), else None.
+    failpoint : the estimator's armed failpoint (:mod:`sparkdist.failpoints`), else None.
 
     Returns
     -------
@@ -136,7 +136,7 @@ def fit_in_chunks(new_inner: Callable[[], Any], dataset: DataFrame, plan: ChunkP
         while done < plan.rounds:
             end = chunk_end(done, plan.rounds, plan.every)
             try:
-                raw = _fit_chunk(new_inner(), dataset, raw, done, end, fault)
+                raw = _fit_chunk(new_inner(), dataset, raw, done, end, failpoint)
             except _ChunkFailed as failed:
                 summary["retries"] += 1
                 _retry_or_raise(summary["retries"], plan, done, end, failed)
@@ -170,15 +170,15 @@ def _resume(store: Checkpoints, plan: ChunkPlan) -> tuple[int, bytes | None]:
 
 
 def _fit_chunk(inner: Any, dataset: DataFrame, raw: bytes | None, done: int, end: int,
-               fault: dict[str, Any] | None) -> bytes:
+               failpoint: dict[str, Any] | None) -> bytes:
     """Boost rounds ``done+1..end`` on top of ``raw`` (None: from scratch); the new booster.
     Raises _ChunkFailed when a Spark job of the chunk fails."""
     inner._set(n_estimators=end - done)
     if raw is not None:
         inner._set(xgb_model=_load(raw))
-    if fault:
+    if failpoint:
         callbacks = inner.getOrDefault("callbacks") or []
-        inner._set(callbacks=[*callbacks, _FaultCallback(fault, done)])
+        inner._set(callbacks=[*callbacks, _FailpointCallback(failpoint, done)])
     sc = dataset.sparkSession.sparkContext
     with _job_group(sc, f"sparkdist XGBoost rounds {done + 1}-{end}") as group:
         try:
@@ -288,15 +288,15 @@ def _last_line(message: str) -> str:
     return lines[-1] if lines else message
 
 
-class _FaultCallback(xgboost.callback.TrainingCallback):
-    """Test hook for :func:`sparkdist.testing.inject_fault`, added only when a test set a
-    fault: after each boosting round, trips the fault with ``epoch`` = that round's number
-    counted from the start of the whole fit (1-based) and ``step`` = 0."""
+class _FailpointCallback(xgboost.callback.TrainingCallback):
+    """The ``xgboost.round`` failpoint, added only when one is armed: after each boosting round,
+    numbered from the start of the whole fit (1-based)."""
 
-    def __init__(self, fault: dict[str, Any], first_round: int) -> None:
+    def __init__(self, failpoint: dict[str, Any], first_round: int) -> None:
         super().__init__()
-        self.fault, self.first_round = fault, first_round
+        self.failpoint, self.first_round = failpoint, first_round
 
     def after_iteration(self, model: Any, epoch: int, evals_log: Any) -> bool:
-        trip(self.fault, xgboost.collective.get_rank(), epoch=self.first_round + epoch + 1)
+        failpoints.hit(self.failpoint, "xgboost.round", xgboost.collective.get_rank(),
+                       self.first_round + epoch + 1)
         return False

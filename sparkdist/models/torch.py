@@ -60,6 +60,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, BooleanType, NumericType, StructType
 
+from sparkdist import failpoints
 from sparkdist.columns import col, require_columns, suggest
 from sparkdist.exceptions import ModelLoadError, ParamError, SchemaError
 from sparkdist.launch import gpus
@@ -394,7 +395,7 @@ class TorchEstimator(Estimator, _TorchParams, HasSeed, HasRecovery, ParamsPersis
                 "drop_bad_rows": get("nanPolicy") == "drop",
                 "checkpoint_every": get("checkpointEvery"),
                 "keep_checkpoints": get("keepCheckpoints"),
-                "fault": getattr(self, "_fault", None)}  # set by sparkdist.testing only
+                "failpoint": failpoints.armed(self)}
 
     def _check_model(self, spec: dict[str, Any]) -> None:
         """Build the network on the driver and run two rows of zeros through it."""

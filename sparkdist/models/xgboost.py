@@ -62,7 +62,8 @@ from pyspark.ml.param.shared import (
 from pyspark.sql import DataFrame
 from pyspark.sql.types import ArrayType, BooleanType, NumericType, StructType
 
-from sparkdist import store
+from sparkdist import failpoints, store
+from sparkdist._params import keywords, unknown_param
 from sparkdist.columns import require_columns, suggest
 from sparkdist.exceptions import (
     ModelLoadError,
@@ -232,6 +233,8 @@ class _XGBoostEstimator(Estimator, HasRecovery, ParamsPersistence):
     chunks of rounds) and wraps its model."""
 
     _transient_params = ("callbacks",)
+    _param_aliases = _ALIASES  # accepted keywords besides the Param names
+    _param_hints = _HINTS  # why a familiar xgboost name is refused
 
     _xgb_estimator: ClassVar[str]  # class name in xgboost.spark
     _model_class: ClassVar[type[_XGBoostModel]]
@@ -253,17 +256,12 @@ class _XGBoostEstimator(Estimator, HasRecovery, ParamsPersistence):
         for name, value in params.items():
             real = _ALIASES.get(name, name)
             if not self.hasParam(real):
-                raise ParamError(self._unknown(name))
+                raise unknown_param(type(self), name, keywords(type(self)))
             try:
                 self._set(**{real: value})
             except TypeError as err:
                 raise ParamError(f"{real}={value!r}: {err}") from err
         return self
-
-    def _unknown(self, name: str) -> str:
-        valid = sorted(p.name for p in self.params)
-        hint = _HINTS.get(name) or suggest(name, valid).strip() or f"Valid names: {valid}."
-        return f"{type(self).__name__} has no parameter {name!r}. {hint}"
 
     def _fit(self, dataset: DataFrame) -> _XGBoostModel:
         require_classic(dataset, f"{type(self).__name__}.fit (xgboost.spark)", _CONNECT_FIX)
@@ -297,7 +295,7 @@ class _XGBoostEstimator(Estimator, HasRecovery, ParamsPersistence):
                        **data_identity(dataset.select(*self._data_columns()).schema, stats)}
         with self.guarded_run(location, run_id, fingerprint, "n_estimators") as run:
             raw, summary = chunks.fit_in_chunks(self._xgboost_estimator, dataset, plan,
-                                                getattr(self, "_fault", None))
+                                                failpoints.armed(self))
             assert run is not None
             run.complete(plan.rounds)
         return self._model_class(self._model_class._wrap_booster(raw, location), summary)

@@ -21,9 +21,9 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
+from sparkdist import failpoints
 from sparkdist.exceptions import ParamError, TrainingError
 from sparkdist.launch import gpus
-from sparkdist.testing import trip
 from sparkdist.train import resume
 
 if TYPE_CHECKING:
@@ -205,7 +205,7 @@ def fit_worker(context: WorkerContext, batches: Any, args: dict[str, Any]) -> by
     device = gpus.apply(plan)  # the GPU Spark assigned; CUDA_VISIBLE_DEVICES for children
     backend = make_backend(args["backend"])
     try:
-        trip(args.get("fault"), context.rank, epoch=0)
+        failpoints.hit(args["failpoint"], "torch.rendezvous", context.rank)
         backend.init(context, device)  # the rendezvous included
         return _Trainer(context, backend, device, args).run(train, validation)
     except Exception as err:
@@ -337,7 +337,8 @@ class _Trainer:
         total = torch.zeros(1, dtype=torch.float64)
         feed = train.batches(self.args["seed"], epoch, self.steps, dim=self.args["input_dim"])
         for step, (features, label) in enumerate(feed):
-            trip(self.args.get("fault"), self.context.rank, epoch + 1, step)
+            failpoints.hit(self.args["failpoint"], "torch.step", self.context.rank, epoch + 1,
+                           step)
             if self.global_sizes[step] == 0:
                 continue  # every rank skips the same step: no one waits
             output = model(features.to(self.device))

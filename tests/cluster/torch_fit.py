@@ -19,9 +19,9 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 
 from sparkdist.datasets import make_nonlinear  # noqa: E402
+from sparkdist.failpoints import arm  # noqa: E402
 from sparkdist.models import TorchEstimator  # noqa: E402
 from sparkdist.session import get_spark  # noqa: E402
-from sparkdist.testing import inject_fault  # noqa: E402
 
 SETTINGS = {"numWorkers": 2, "epochs": 8, "seed": 11, "progress": False, "batchSize": 128,
             "learningRate": 0.01, "modelKwargs": {"hidden": [32, 16]}}
@@ -50,7 +50,7 @@ def killed_and_resumed(train, uninterrupted) -> dict:
 
     with tempfile.TemporaryDirectory() as work:
         estimator = TorchEstimator(checkpointDir=os.path.join(work, "ckpt"), **SETTINGS)
-        model = inject_fault(estimator, work, rank=1, epoch=3, step=5, kind="kill").fit(train)
+        model = arm(estimator, work, rank=1, epoch=3, step=5, action="kill").fit(train)
         fired = os.path.exists(os.path.join(work, "fired-1.pid"))
     ours, theirs = model.module().state_dict(), uninterrupted.module().state_dict()
     return {"fault_fired": fired, "resumed_from_epoch": model.trainingSummary["resumed_from_epoch"],

@@ -103,11 +103,11 @@ def torch_fit(spark: Any, work: Path) -> dict[str, Any]:
 def torch_bounded_retries(spark: Any, work: Path) -> dict[str, Any]:
     """maxRetries=1 with a fault that fires every attempt: bounded from the failure reports."""
     from sparkdist.datasets import make_nonlinear
+    from sparkdist.failpoints import arm
     from sparkdist.models import TorchEstimator
-    from sparkdist.testing import inject_fault
 
     data = spark.createDataFrame(make_nonlinear(1000, 3)).repartition(2)
-    estimator = inject_fault(
+    estimator = arm(
         TorchEstimator(numWorkers=2, epochs=2, maxRetries=1, progress=False, seed=5,
                        checkpointDir=str(work / "ckpt"), rendezvousTimeoutSeconds=60),
         str(work), rank=1, epoch=1, step=0, times=4)

@@ -148,7 +148,7 @@ def test_torch_retries_are_bounded_from_the_failure_reports(connect):
     entry = connect["torch_bounded"]
     assert entry.get("error") == "TrainingError", entry
     assert "gave up after 2 failed attempt(s) (maxRetries=1)" in entry["message"]
-    assert "InjectedFault: injected fault 2: rank 1" in entry["message"]
+    assert "FailpointError: failpoint torch.step fired (2): rank 1" in entry["message"]
     assert "output tail of rank 1" in entry["message"]
 
 

@@ -23,11 +23,11 @@ from pyspark.ml import Pipeline, PipelineModel
 from sparkdist import store
 from sparkdist.datasets import CHURN_COUNTS, CHURN_LABEL, churn
 from sparkdist.exceptions import ParamError
+from sparkdist.failpoints import arm
 from sparkdist.features import FeatureAssembler
 from sparkdist.models import LogisticRegression, LogisticRegressionModel, TorchEstimator, TorchModel
 from sparkdist.persist import RECORD, data_dir, load_model, save_model
 from sparkdist.store import PathExistsError
-from sparkdist.testing import inject_fault
 
 BUCKET = "sparkdist-tests"
 TORCH = {"progress": False, "batchSize": 200, "learningRate": 0.01, "seed": 5,
@@ -183,8 +183,8 @@ def test_an_unsupported_scheme_is_refused_before_anything_runs(spark, url, nonli
 
 
 def _kill_a_worker_once(estimator, state_dir, *, rank: int, epoch: int, step: int):
-    """SIGKILL the Python worker of ``rank`` at ``step`` of ``epoch``, once (sparkdist.testing)."""
-    return inject_fault(estimator, state_dir, rank=rank, epoch=epoch, step=step, kind="kill")
+    """SIGKILL the Python worker of ``rank`` at ``step`` of ``epoch``, once (a failpoint)."""
+    return arm(estimator, state_dir, rank=rank, epoch=epoch, step=step, action="kill")
 
 
 @pytest.mark.slow

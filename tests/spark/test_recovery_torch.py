@@ -12,8 +12,8 @@ import torch
 
 from sparkdist.datasets import make_nonlinear
 from sparkdist.exceptions import ClusterConfigError, ParamError, TrainingError
+from sparkdist.failpoints import arm
 from sparkdist.models import TorchEstimator
-from sparkdist.testing import inject_fault
 
 SETTINGS = {"progress": False, "batchSize": 200, "learningRate": 0.01, "numWorkers": 2,
             "modelKwargs": {"hidden": [16], "dropout": 0.1}, "seed": 5,
@@ -44,9 +44,9 @@ def _same_weights(a, b) -> bool:
 @pytest.mark.parametrize("kind", ["raise", "kill"])
 def test_a_failed_rank_resumes_from_the_checkpoint_to_the_same_weights(
         data, uninterrupted, tmp_path, kind):
-    estimator = inject_fault(
+    estimator = arm(
         TorchEstimator(epochs=4, checkpointDir=str(tmp_path / "ckpt"), **SETTINGS),
-        str(tmp_path), rank=1, epoch=3, step=4, kind=kind)
+        str(tmp_path), rank=1, epoch=3, step=4, action=kind)
     model = estimator.fit(data)
     summary = model.trainingSummary
     assert (tmp_path / "fired-1.pid").exists() and summary["resumed_from_epoch"] == 2
@@ -74,7 +74,7 @@ def test_resume_required_continues_a_completed_run_to_more_epochs(data, uninterr
 def test_a_damaged_latest_checkpoint_falls_back_to_the_one_before(data, uninterrupted,
                                                                   tmp_path):
     ckpt = str(tmp_path / "ckpt")
-    failing = inject_fault(TorchEstimator(epochs=4, checkpointDir=ckpt, runId="r",
+    failing = arm(TorchEstimator(epochs=4, checkpointDir=ckpt, runId="r",
                                           maxRetries=0, **SETTINGS),
                            str(tmp_path), rank=1, epoch=4, step=0)
     with pytest.raises(TrainingError):  # an interrupted run: checkpoints 1-3
@@ -89,14 +89,14 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_one_before(data, uninterr
 
 @pytest.mark.slow
 def test_retries_are_bounded_and_the_last_cause_reaches_the_user(data, tmp_path):
-    estimator = inject_fault(
+    estimator = arm(
         TorchEstimator(epochs=2, checkpointDir=str(tmp_path / "ckpt"), maxRetries=1,
                        **SETTINGS), str(tmp_path), rank=1, epoch=1, step=0, times=4)
     with pytest.raises(TrainingError) as caught:
         estimator.fit(data)
     message = str(caught.value)
     assert "gave up after 2 failed attempt(s) (maxRetries=1)" in message
-    assert "InjectedFault: injected fault 2: rank 1, epoch 1, step 0" in message
+    assert "FailpointError: failpoint torch.step fired (2): rank 1, epoch 1, step 0" in message
     assert not (tmp_path / "fired-3.pid").exists()  # no third attempt ran
     assert "output tail of rank 1" in message
 
@@ -104,9 +104,9 @@ def test_retries_are_bounded_and_the_last_cause_reaches_the_user(data, tmp_path)
 @pytest.mark.slow
 def test_a_peer_that_never_arrives_ends_within_the_rendezvous_timeout(data, tmp_path):
     marker = tmp_path / "fired-1.pid"
-    estimator = inject_fault(
+    estimator = arm(
         TorchEstimator(epochs=1, maxRetries=0, **{**SETTINGS, "rendezvousTimeoutSeconds": 8}),
-        str(tmp_path), rank=1, epoch=0, kind="hang", times=4)
+        str(tmp_path), rank=1, epoch=0, action="hang", times=4)
     with pytest.raises(TrainingError, match="reached the rendezvous within 8 s"):
         estimator.fit(data)
     # From the moment rank 1 hung (its marker file: the data checks before the launch and

@@ -11,9 +11,9 @@ import pytest
 
 from sparkdist.datasets import churn
 from sparkdist.exceptions import ClusterConfigError, ParamError, TrainingError
+from sparkdist.failpoints import arm
 from sparkdist.features import FeatureAssembler
 from sparkdist.models import XGBoostClassifier
-from sparkdist.testing import inject_fault
 
 LABEL = "cancelled_within_week"
 SETTINGS = {"labelCol": LABEL, "num_workers": 2, "max_depth": 3, "verbose": False,
@@ -62,10 +62,10 @@ def test_a_checkpointed_fit_equals_one_plain_fit(data, uninterrupted):
 @pytest.mark.parametrize("kind", ["raise", "kill"])
 def test_a_failed_rank_resumes_from_the_checkpoint_to_the_same_booster(
         data, uninterrupted, tmp_path, kind):
-    estimator = inject_fault(
+    estimator = arm(
         XGBoostClassifier(n_estimators=6, checkpointDir=str(tmp_path / "ckpt"),
                           keepCheckpoints=2, **SETTINGS),
-        str(tmp_path), rank=1, epoch=3, kind=kind)  # in the second chunk (rounds 3-4)
+        str(tmp_path), rank=1, epoch=3, action=kind)  # in the second chunk (rounds 3-4)
     model = estimator.fit(data)
     summary = model.trainingSummary
     assert (tmp_path / "fired-1.pid").exists() and summary["retries"] == 1
@@ -93,14 +93,14 @@ def test_resume_required_continues_a_completed_run_to_the_new_total(data, uninte
 
 @pytest.mark.slow
 def test_retries_are_bounded_and_the_last_cause_reaches_the_user(data, tmp_path):
-    estimator = inject_fault(
+    estimator = arm(
         XGBoostClassifier(n_estimators=2, checkpointDir=str(tmp_path / "ckpt"), maxRetries=1,
                           **SETTINGS), str(tmp_path), rank=1, epoch=1, times=4)
     with pytest.raises(TrainingError) as caught:
         estimator.fit(data)
     message = str(caught.value)
     assert "gave up after 2 failed attempt(s) (maxRetries=1)" in message
-    assert "injected fault 2: rank 1, epoch 1, step 0" in message
+    assert "failpoint xgboost.round fired (2): rank 1, epoch 1, step 0" in message
     assert "/collective/" not in message  # rank 0 only lost its peer: not the root cause
     assert not (tmp_path / "fired-3.pid").exists()  # no third attempt ran
 
@@ -109,7 +109,7 @@ def test_retries_are_bounded_and_the_last_cause_reaches_the_user(data, tmp_path)
 def test_a_damaged_latest_checkpoint_falls_back_to_the_one_before(data, uninterrupted,
                                                                   tmp_path, caplog):
     ckpt = str(tmp_path / "ckpt")
-    failing = inject_fault(XGBoostClassifier(n_estimators=6, checkpointDir=ckpt, runId="r",
+    failing = arm(XGBoostClassifier(n_estimators=6, checkpointDir=ckpt, runId="r",
                                              maxRetries=0, **SETTINGS),
                            str(tmp_path), rank=1, epoch=5)
     with pytest.raises(TrainingError):  # an interrupted run: checkpoints after 2 and 4
@@ -127,7 +127,7 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_one_before(data, uninterr
 def test_bad_recovery_settings_fail_before_launch(data, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    estimator = inject_fault(
+    estimator = arm(
         XGBoostClassifier(n_estimators=2, checkpointDir=str(blocker / "ckpt"), **SETTINGS),
         str(tmp_path), rank=0, epoch=1)
     with pytest.raises(ParamError, match="checkpointDir=.*not writable"):

@@ -16,8 +16,8 @@ import torch
 from pyspark.sql import functions as F
 
 from sparkdist.exceptions import ParamError, TrainingError
+from sparkdist.failpoints import arm
 from sparkdist.models import TorchEstimator, XGBoostClassifier
-from sparkdist.testing import inject_fault
 
 SETTINGS = {"progress": False, "batchSize": 400, "learningRate": 0.05, "numWorkers": 1,
             "modelKwargs": {"hidden": [8]}, "seed": 3, "epochs": 2, "runId": "churn-nightly",
@@ -49,7 +49,7 @@ def completed(day1, tmp_path_factory):
 def interrupted(day1, tmp_path_factory):
     """The same run on day1, failed in epoch 2 (no retries): a checkpoint after epoch 1."""
     directory = tmp_path_factory.mktemp("interrupted")
-    estimator = inject_fault(
+    estimator = arm(
         TorchEstimator(checkpointDir=str(directory / "ckpt"), maxRetries=0, **SETTINGS),
         str(directory), rank=0, epoch=2, step=0)
     with pytest.raises(TrainingError):
@@ -76,7 +76,7 @@ def _same_weights(a, b) -> bool:
 def _unlaunched(estimator, tmp_path, epoch: int = 0):
     """The estimator with a fault at the very start of training: if anything is launched, the
     marker file ``fired-1.pid`` appears."""
-    return inject_fault(estimator, str(tmp_path), rank=0, epoch=epoch, step=0)
+    return arm(estimator, str(tmp_path), rank=0, epoch=epoch, step=0)
 
 
 # ------------------------------------------------------------------------------- K1, K1b
@@ -164,9 +164,9 @@ def test_required_fails_without_a_run_and_continues_a_completed_one_only_to_more
 # ------------------------------------------------------------------------------------ K4
 def test_k4_a_second_fit_on_a_run_in_use_is_refused(completed, day1, day2, tmp_path):
     directory = _copy(completed[0], tmp_path)
-    first = inject_fault(TorchEstimator(checkpointDir=directory, timeoutSeconds=15,
+    first = arm(TorchEstimator(checkpointDir=directory, timeoutSeconds=15,
                                         **SETTINGS), str(tmp_path), rank=0, epoch=1,
-                         kind="hang")
+                         action="hang")
     outcome: list[BaseException] = []
 
     def fit_first() -> None:
@@ -237,7 +237,7 @@ def test_k1d_xgboost_refit_on_new_data_boosts_afresh(xgb_completed, day2, tmp_pa
 
 def test_k1d_xgboost_interrupted_run_resumes_only_with_the_same_data_and_params(
         xgb_completed, day1, day2, tmp_path):
-    failing = inject_fault(XGBoostClassifier(checkpointDir=str(tmp_path / "ckpt"),
+    failing = arm(XGBoostClassifier(checkpointDir=str(tmp_path / "ckpt"),
                                              maxRetries=0, **XGB),
                            str(tmp_path / "fault"), rank=0, epoch=3)
     (tmp_path / "fault").mkdir()
