@@ -118,8 +118,10 @@ print({name: round(value, 4) for name, value in metrics.items()})
 # MAGIC
 # MAGIC With `checkpointDir`, rank 0 saves weights, optimizer state and history every
 # MAGIC `checkpointEvery` epochs under `checkpointDir/runId`. A failed task makes Spark retry the
-# MAGIC stage, which resumes from the latest checkpoint; fitting again with the same `runId`
-# MAGIC resumes too. Here: 2 epochs, then the same run continued to 2 more.
+# MAGIC stage, which resumes from the latest checkpoint. Fitting again with the same `runId`
+# MAGIC continues an interrupted run with the same settings and data; a completed run is
+# MAGIC continued only when asked (`resume="required"`). Here: 2 epochs, then the same run
+# MAGIC continued to 2 more.
 
 # COMMAND ----------
 
@@ -129,7 +131,7 @@ checkpoints = checkpoint_dir or tempfile.mkdtemp(prefix="sparkdist-notebook-ckpt
 first = TorchEstimator(epochs=2, checkpointDir=checkpoints, runId="demo", **settings).fit(train)
 print("first fit: resumed_from_epoch =", first.trainingSummary["resumed_from_epoch"],
       "| epochs trained:", [h["epoch"] for h in first.history])
-resumed = TorchEstimator(epochs=4, checkpointDir=checkpoints, runId="demo",
+resumed = TorchEstimator(epochs=4, checkpointDir=checkpoints, runId="demo", resume="required",
                          **settings).fit(train)
 print("second fit: resumed_from_epoch =", resumed.trainingSummary["resumed_from_epoch"],
       "| epochs in its history:", [h["epoch"] for h in resumed.history])

@@ -53,9 +53,6 @@ _TRUE, _FALSE = ("true", "1", "yes", "y", "on"), ("false", "0", "no", "n", "off"
 _TYPE_WORDS = {bool: "a boolean (true/false)", int: "an integer", float: "a number",
                str: "a string"}
 _REPO = Path(__file__).resolve().parents[1]
-#: Set by :func:`run_notebook` while a notebook runs: parameter values and ``dbutils``.
-_RUNNING: dict[str, Any] = {}
-
 
 class NotebookError(SparkdistError, RuntimeError):
     """A notebook cell failed; the message names the notebook, the cell and the cause."""
@@ -67,7 +64,7 @@ def param(name: str, default: Any, type: type | None = None, *, label: str | Non
 
     On Databricks a text widget ``name`` is created (pre-filled with ``default``) and read;
     elsewhere ``$SPARKDIST_NB_<NAME>`` (upper case, e.g. ``SPARKDIST_NB_ROWS``) or the
-    default is used. Inside :func:`run_notebook`, its ``params`` win over both.
+    default is used (:func:`run_notebook` passes its ``params`` that way).
 
     Parameters
     ----------
@@ -96,9 +93,6 @@ def param(name: str, default: Any, type: type | None = None, *, label: str | Non
 
 def _raw_value(name: str, default: Any, label: str | None) -> tuple[Any, str]:
     """The value before conversion, and where it came from (for error messages)."""
-    overrides = _RUNNING.get("params", {})
-    if name in overrides:
-        return overrides[name], f"run_notebook(params={{{name!r}: ...}})"
     dbutils = _dbutils()
     if dbutils is not None:
         text = "" if default is None else _as_text(default)
@@ -133,9 +127,7 @@ def _as_text(value: Any) -> str:
 
 
 def _dbutils() -> Any:
-    """Databricks' ``dbutils``: from the runner, the notebook's globals, or the runtime."""
-    if "dbutils" in _RUNNING:
-        return _RUNNING["dbutils"]
+    """Databricks' ``dbutils``: from the notebook's globals, or the runtime."""
     found = _notebook_global("dbutils")
     if found is None and os.environ.get("DATABRICKS_RUNTIME_VERSION"):
         with contextlib.suppress(ImportError):
@@ -229,7 +221,7 @@ def show(obj: Any, n: int = 20) -> None:
     --------
     >>> show(spark.range(3))
     """
-    display = _notebook_global("display") if "display" not in _RUNNING else _RUNNING["display"]
+    display = _notebook_global("display")
     spark_frame = hasattr(obj, "schema") and hasattr(obj, "show")
     if callable(display) and (not spark_frame or os.environ.get("DATABRICKS_RUNTIME_VERSION")):
         display(obj)
@@ -342,9 +334,12 @@ def run_notebook(path: str | Path, *, spark: SparkSession | None = None,
     path : a Databricks source-format notebook (``.py``).
     spark : injected as the notebook's ``spark`` (and active, so :func:`spark_session`
         returns it).
-    params : values for :func:`param`, by widget name; they win over widgets and env vars.
+    params : values for :func:`param`, by widget name, passed as the ``SPARKDIST_NB_<NAME>``
+        environment variables for the run (restored afterwards).
     namespace : the globals to run in (default: a fresh dict); ``dbutils``/``display`` in it
-        are used by :func:`param` and :func:`show`.
+        are used by :func:`param` and :func:`show`. The notebook runs as the ``__main__``
+        module, as a notebook or script does, so the helpers find them where they look
+        everywhere else.
     on_cell : called before each code cell (e.g. to log progress or time cells).
 
     Raises
@@ -365,12 +360,12 @@ def run_notebook(path: str | Path, *, spark: SparkSession | None = None,
     ns.setdefault("__file__", str(path.resolve()))
     if spark is not None:
         ns["spark"] = spark
-    with _running(params or {}, ns):
+    with _running(params or {}, ns) as module_globals:
         for cell in read_cells(path):
             if not cell.is_markdown:
                 if on_cell is not None:
                     on_cell(cell)
-                _run_cell(cell, path, ns)
+                _run_cell(cell, path, module_globals)
     return ns
 
 
@@ -398,13 +393,27 @@ def _failing_line(err: BaseException, filename: str) -> int | None:
 
 
 @contextlib.contextmanager
-def _running(params: Mapping[str, Any], ns: Mapping[str, Any]) -> Iterator[None]:
-    saved = dict(_RUNNING)
-    _RUNNING.clear()
-    _RUNNING["params"] = dict(params)
-    _RUNNING.update({k: ns[k] for k in ("dbutils", "display") if k in ns})
+def _running(params: Mapping[str, Any], ns: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The notebook's run: a ``__main__`` module holding ``ns`` (copied back into ``ns`` at the
+    end), ``params`` as environment variables; both restored afterwards."""
+    import types
+
+    env = {ENV_PREFIX + re.sub(r"\W", "_", name).upper(): _as_text(value)
+           for name, value in params.items()}
+    saved_env = {key: os.environ.get(key) for key in env}
+    main = types.ModuleType("__main__")
+    main.__dict__.update(ns)
+    saved_main = sys.modules.get("__main__")
+    os.environ.update(env)
+    sys.modules["__main__"] = main
     try:
-        yield
+        yield main.__dict__
     finally:
-        _RUNNING.clear()
-        _RUNNING.update(saved)
+        ns.update(main.__dict__)
+        if saved_main is not None:
+            sys.modules["__main__"] = saved_main
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
