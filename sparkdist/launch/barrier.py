@@ -1,4 +1,5 @@
-"""The one place that starts a Spark barrier stage (every distributed fit goes through here).
+"""The one place where sparkdist starts a Spark barrier stage of its own (TorchEstimator's
+fits and the GPU scheduling check; XGBoost's barrier stage is xgboost.spark's).
 
 ``run_barrier(df, worker, args, num_workers)`` runs the module-level function
 ``worker(context, batches, args)`` in ``num_workers`` barrier tasks, one per partition of
@@ -6,7 +7,8 @@
 
 - The stage ends in a shuffle (``.repartition(1)`` before the collect), which makes it a
   ShuffleMapStage: Spark retries a failed barrier stage as a whole, where a barrier stage that
-  ends in a collect is never retried (../shared/design.md, section 4).
+  ends in a collect is never retried ("Could not recover from a failed barrier ResultStage",
+  Spark 4.3).
 - Rendezvous is one ``allGather`` per attempt (about 1 s each): rank 0 first starts the
   backend's rendezvous server on port 0 (torch's ``TCPStore``, Horovod's HTTP store), then
   every task learns its host and port, and each rank's host and executor id (the fit's
