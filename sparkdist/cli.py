@@ -15,8 +15,9 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
-from sparkdist.exceptions import ParamError, SparkdistError
+from sparkdist.exceptions import ParamError, SchemaError, SparkdistError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -122,14 +123,28 @@ def _predict(args: argparse.Namespace) -> int:
                                     "replace it.")
     spark = get_spark(app_name="sparkdist-predict")
     model = load_model(args.model, spark)
-    out = model.transform(read_data(lambda: spark.read.format(args.format).load(args.data),
-                                    "data"))
+    data = read_data(lambda: spark.read.format(args.format).load(args.data), "data")
+    _require_every_row_predicted(model, data)
+    out = model.transform(data)
     # Vectors become arrays so any Parquet reader can use the output.
     out = out.select(*[vector_to_array(f.name).alias(f.name) if isinstance(f.dataType, VectorUDT)
                        else f.name for f in out.schema.fields])
     out.write.mode("overwrite" if args.overwrite else "errorifexists").parquet(args.output)
     print(args.output)
     return 0
+
+
+def _require_every_row_predicted(model: Any, data: Any) -> None:
+    """``predict`` writes one row per input row: refuse input that the model's assembler
+    (``nullPolicy="drop"``) would leave out, before anything is written."""
+    from sparkdist.features import FeatureAssemblerModel
+
+    first = model.stages[0] if hasattr(model, "stages") and model.stages else model
+    if isinstance(first, FeatureAssemblerModel) and (dropped := first.rows_dropped(data)):
+        raise SchemaError(f"{dropped} input rows have a missing value in the model's feature "
+                          f"columns, and its FeatureAssembler (nullPolicy='drop') would leave "
+                          f"them out of the predictions; fill them, or refit the model with "
+                          f"nullPolicy='impute'.")
 
 
 def _overlaps(data: str, output: str) -> bool:

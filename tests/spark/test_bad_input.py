@@ -299,6 +299,18 @@ def _evaluate_missing_data(ctx: Ctx) -> None:
     _cli("evaluate", model, str(ctx.inputs / "nope.parquet"))
 
 
+def _predict_dropping_rows(ctx: Ctx) -> None:
+    """Report note on nullPolicy='drop': predict wrote fewer rows than it read."""
+    from pyspark.sql import functions as F
+
+    model = str(ctx.inputs / "model")
+    _assemble(ctx, numericCols=["x"], nullPolicy="drop").write().save(model)
+    data = str(ctx.inputs / "holes.parquet")
+    ctx.frame.withColumn("x", F.when(F.col("x") > 5, None).otherwise(F.col("x"))).write.parquet(
+        data)
+    _cli("predict", model, data, str(ctx.tmp / "out"))
+
+
 CLI: list[Case] = [  # D10, D4
     Case("C3-train-missing-data", lambda c: _train(c, {}), CliError,
          r"sparkdist train: data\.path: cannot read the data: .*PATH_NOT_FOUND"),
@@ -314,6 +326,8 @@ CLI: list[Case] = [  # D10, D4
     Case("C9-predict-into-input", lambda c: _cli(
         "predict", str(c.inputs / "model"), _parquet(c), _parquet(c) + "/out", "--overwrite"),
          CliError, r"lies inside the input.*Choose another output path"),
+    Case("P9-predict-drops-rows", _predict_dropping_rows, CliError,
+         r"8 input rows have a missing value.*nullPolicy='drop'.*nullPolicy='impute'"),
 ]
 
 CASES = FEATURES + MODELS + TORCH + PERSISTENCE + CLI
