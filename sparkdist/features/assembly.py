@@ -254,6 +254,16 @@ class FeatureAssemblerModel(Model, _FeatureAssemblerParams, PersistentModel):
         out = out.drop(*[c for c in out.columns if c.startswith(_TMP)])
         return self._label(out)
 
+    def rows_dropped(self, dataset: DataFrame) -> int:
+        """How many rows of ``dataset`` :meth:`transform` leaves out: those with a missing
+        input value under ``nullPolicy="drop"`` (one Spark job), else 0 (no job)."""
+        if self.getOrDefault(self.nullPolicy) != "drop":
+            return 0
+        require_columns(dataset.schema, [c for _, c in self._inputs()], "FeatureAssemblerModel")
+        missing = [self._working_col(param, c, dataset.schema[c].dataType).isNull()
+                   for param, c in self._inputs()]
+        return dataset.where(reduce(Column.__or__, missing)).count()
+
     # -- how a DataFrame becomes the working columns the stages read -----------------------
     def _working(self, dataset: DataFrame) -> DataFrame:
         """Apply the null policy into working columns; the user's columns stay untouched."""
