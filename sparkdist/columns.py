@@ -54,10 +54,6 @@ def require_columns(schema: StructType, names: Iterable[str], param: str) -> Non
             )
 
 
-def column_type(schema: StructType, name: str) -> DataType:
-    return schema[name].dataType
-
-
 def is_numeric(dtype: DataType) -> bool:
     return isinstance(dtype, (NumericType, BooleanType))
 

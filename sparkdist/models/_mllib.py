@@ -146,11 +146,8 @@ class MLlibEstimator(Estimator, ParamsPersistence):
     def _fit(self, dataset: DataFrame) -> MLlibModel:
         self._check_params()
         self._validate(dataset)
-        prepared = self._prepare(dataset)
-        inner = self._fit_mllib(prepared)
-        model = self._model_class(inner)
+        model = self._model_class(self._fit_mllib(dataset))
         self._copyValues(model)
-        self._finish(model, prepared)
         return model
 
     def _fit_mllib(self, dataset: DataFrame, **overrides: Any) -> JavaModel:
@@ -158,7 +155,7 @@ class MLlibEstimator(Estimator, ParamsPersistence):
         inner._set(**overrides)
         return inner.fit(dataset)
 
-    # Hooks: validation first thing, input preparation, and work after the MLlib fit.
+    # Hooks: Param checks, then input checks, before the MLlib fit.
     def _check_params(self) -> None:
         """ParamError for a Param value out of range; no data needed (a config build calls
         it before Spark starts)."""
@@ -167,12 +164,6 @@ class MLlibEstimator(Estimator, ParamsPersistence):
     def _validate(self, dataset: DataFrame) -> None:
         """Raise a typed sparkdist error for bad input before training (schema checks, and at
         most one aggregation job over the input)."""
-
-    def _prepare(self, dataset: DataFrame) -> DataFrame:
-        return dataset
-
-    def _finish(self, model: MLlibModel, dataset: DataFrame) -> None:
-        """Set anything the model learns beyond the MLlib fit (e.g. a tuned threshold)."""
 
 
 class MLlibModel(Model, PersistentModel):
