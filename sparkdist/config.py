@@ -22,9 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from sparkdist.columns import suggest
 from sparkdist.exceptions import ParamError
-
-ESTIMATORS = ("LogisticRegression", "RandomForestClassifier", "RandomForestRegressor", "ALS",
-              "XGBoostClassifier", "XGBoostRegressor", "TorchEstimator")
+from sparkdist.models import ESTIMATORS
 
 
 class ConfigError(ParamError):

@@ -23,6 +23,10 @@ _EXPORTS = {
     "XGBoostRegressionModel": "xgboost",
 }
 __all__ = sorted(_EXPORTS)
+#: The estimators, by the names configs use for them.
+ESTIMATORS = tuple(name for name in _EXPORTS if not name.endswith("Model"))
+#: The modules that define them (the only ones a saved directory may name).
+MODULES = tuple(sorted({f"sparkdist.models.{module}" for module in _EXPORTS.values()}))
 
 
 def __getattr__(name: str) -> Any:
