@@ -40,6 +40,7 @@ from pyspark.ml.param import Params
 from pyspark.ml.util import DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
 
 from sparkdist import store
+from sparkdist._params import StageParams
 from sparkdist.exceptions import ModelLoadError, ParamError
 
 STATE_KEY = "sparkdistState"
@@ -319,8 +320,10 @@ class _Reader(MLReader):
         return instance
 
 
-class ParamsPersistence(MLReadable, MLWritable):
-    """Mixin: committed, JSON-only ``write()`` and strict ``read()`` for a Params class."""
+class ParamsPersistence(StageParams, MLReadable, MLWritable):
+    """Mixin of every sparkdist stage: committed, JSON-only ``write()`` and strict ``read()``
+    for a Params class; through :class:`~sparkdist._params.StageParams`, the getters, setters,
+    keyword checks and fitted-model uid of the one Params surface."""
 
     #: Params that hold code (callbacks): never saved with a value, refused when loading.
     _transient_params: tuple[str, ...] = ()

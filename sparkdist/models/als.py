@@ -30,7 +30,7 @@ import atexit
 import logging
 import shutil
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from functools import reduce
 from itertools import accumulate
 from typing import Any, ClassVar
@@ -109,16 +109,6 @@ class _ALSParams(_ALSModelParams, _MLlibALSParams):
         return self.getOrDefault(self.duplicatePolicy)
 
 
-def _setter(name: str) -> Callable[..., Any]:
-    """A ``setXxx(value)`` method for Param ``name`` (pyspark declares them one by one)."""
-    def set_value(self: Params, value: Any) -> Any:
-        return self._set(**{name: value})
-
-    set_value.__name__ = f"set{name[0].upper()}{name[1:]}"
-    set_value.__doc__ = f"Set the value of :py:attr:`{name}`."
-    return set_value
-
-
 class ALS(MLlibEstimator, _ALSParams):
     """Alternating least squares on ratings with ids of any type.
 
@@ -160,26 +150,6 @@ class ALS(MLlibEstimator, _ALSParams):
                   blockSize: int = 4096, duplicatePolicy: str = "error") -> ALS:
         """Set the given Params (keyword arguments only)."""
         return self._set(**self._input_kwargs)
-
-    setRank = _setter("rank")
-    setMaxIter = _setter("maxIter")
-    setRegParam = _setter("regParam")
-    setNumUserBlocks = _setter("numUserBlocks")
-    setNumItemBlocks = _setter("numItemBlocks")
-    setImplicitPrefs = _setter("implicitPrefs")
-    setAlpha = _setter("alpha")
-    setUserCol = _setter("userCol")
-    setItemCol = _setter("itemCol")
-    setSeed = _setter("seed")
-    setRatingCol = _setter("ratingCol")
-    setNonnegative = _setter("nonnegative")
-    setCheckpointInterval = _setter("checkpointInterval")
-    setIntermediateStorageLevel = _setter("intermediateStorageLevel")
-    setFinalStorageLevel = _setter("finalStorageLevel")
-    setColdStartStrategy = _setter("coldStartStrategy")
-    setBlockSize = _setter("blockSize")
-    setPredictionCol = _setter("predictionCol")
-    setDuplicatePolicy = _setter("duplicatePolicy")
 
     def _fit(self, dataset: DataFrame) -> ALSModel:
         # The base template, except that the id mappings built while preparing the input
@@ -262,13 +232,6 @@ class ALSModel(MLlibModel, _ALSModelParams):
                  items: DataFrame | None = None) -> None:
         super().__init__(inner)
         self._users, self._items = users, items
-
-    setUserCol = _setter("userCol")
-    setItemCol = _setter("itemCol")
-    setRatingCol = _setter("ratingCol")
-    setPredictionCol = _setter("predictionCol")
-    setColdStartStrategy = _setter("coldStartStrategy")
-    setBlockSize = _setter("blockSize")
 
     @property
     def mllib_model(self) -> Any:

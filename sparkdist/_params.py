@@ -1,0 +1,169 @@
+"""One Params surface for every sparkdist stage, from one place.
+
+pyspark writes a ``getX``/``setX`` pair by hand (or by code generation) for each Param; sparkdist
+stages mix MLlib's Params mixins, their own Params and xgboost's parameter names, so a
+hand-written surface drifts. :class:`StageParams` instead completes every class that derives
+from it (every sparkdist stage does, through :class:`sparkdist.persist.ParamsPersistence`) as
+the class is created:
+
+* ``getX()`` / ``setX(value)`` for every Param that lacks them (hand-written and MLlib's own
+  accessors are kept), named in camel case as pyspark's are (``max_depth`` ->
+  ``getMaxDepth``), documented with the Param's doc so ``help()`` lists them;
+* a ``Params`` section in the class docstring naming every Param with its doc;
+* ``__init__`` and ``setParams`` refuse an unknown keyword with a ParamError that names the
+  closest valid name ("unknown parameter 'maxIterr'. Did you mean 'maxIter'?") instead of a
+  bare TypeError; a class may add ``_param_aliases`` (other accepted keywords) and
+  ``_param_hints`` (a sentence for a name that is wrong on purpose);
+* ``_fit`` returns a model that carries the estimator's uid, as pyspark's JVM-backed models
+  do (so a fitted model and its estimator share Param identities).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import textwrap
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from pyspark.ml.base import Estimator
+from pyspark.ml.param import Param, Params
+
+from sparkdist.columns import suggest
+from sparkdist.exceptions import ParamError
+
+_CHECKED = "_sparkdist_checks_keywords"
+_KEEPS_UID = "_sparkdist_keeps_uid"
+_SECTION = "Params\n------\n"
+
+
+def accessor_suffix(name: str) -> str:
+    """What follows ``get``/``set`` for Param ``name``: ``maxIter`` -> ``MaxIter``,
+    ``max_depth`` -> ``MaxDepth``."""
+    return "".join(part[:1].upper() + part[1:] for part in name.split("_"))
+
+
+def class_params(cls: type) -> list[Param[Any]]:
+    """The Params a class declares (its own and inherited), by name."""
+    found: dict[str, Param[Any]] = {}
+    for attr in dir(cls):
+        value = inspect.getattr_static(cls, attr, None)
+        if isinstance(value, Param):
+            found[value.name] = value
+    return [found[name] for name in sorted(found)]
+
+
+def unknown_param(cls: type, name: str, allowed: Iterable[str]) -> ParamError:
+    """The error for keyword ``name`` that ``cls`` does not take: a class hint, else the
+    setter of a Param the keyword list leaves out, else the closest name, else all names."""
+    allowed = sorted(set(allowed))
+    params = {p.name for p in class_params(cls)}
+    hints: Mapping[str, str] = getattr(cls, "_param_hints", {})
+    if name in hints:
+        return ParamError(f"{cls.__name__}: parameter {name!r} is not supported: {hints[name]}")
+    if name in params:
+        return ParamError(f"{cls.__name__}: {name!r} is not a keyword here; set it with "
+                          f"set{accessor_suffix(name)}(...).")
+    hint = suggest(name, sorted(set(allowed) | params)).strip()
+    return ParamError(f"{cls.__name__}: unknown parameter {name!r}. "
+                      f"{hint or f'Valid names: {allowed}.'}")
+
+
+def keywords(cls: type) -> set[str]:
+    """The keywords a ``**kwargs`` setter of ``cls`` takes: its Params and their aliases."""
+    return {p.name for p in class_params(cls)} | set(getattr(cls, "_param_aliases", {}))
+
+
+def _checking_keywords(func: Callable[..., Any]) -> Callable[..., Any]:
+    """``func`` (an ``__init__`` or ``setParams``), refusing an unknown keyword with
+    :func:`unknown_param` before it runs."""
+    signature = inspect.signature(func)  # through keyword_only, to the real signature
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
+    named = {n for n, p in list(signature.parameters.items())[1:]
+             if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+
+    @functools.wraps(func)
+    def checked(self: Any, *args: Any, **kwargs: Any) -> Any:
+        allowed = keywords(type(self)) if takes_any else named
+        for name in kwargs:
+            if name not in allowed:
+                raise unknown_param(type(self), name, allowed)
+        return func(self, *args, **kwargs)
+
+    setattr(checked, _CHECKED, True)
+    return checked
+
+
+def _keeping_uid(fit: Callable[..., Any]) -> Callable[..., Any]:
+    """``_fit``, whose model takes the estimator's uid (as pyspark's JVM models do)."""
+    @functools.wraps(fit)
+    def _fit(self: Any, dataset: Any) -> Any:
+        model = fit(self, dataset)
+        if isinstance(model, Params) and model.uid != self.uid:
+            model._resetUid(self.uid)
+        return model
+
+    setattr(_fit, _KEEPS_UID, True)
+    return _fit
+
+
+def _getter(name: str, doc: str) -> Callable[[Any], Any]:
+    def get(self: Any) -> Any:
+        return self.getOrDefault(name)
+
+    get.__name__ = get.__qualname__ = f"get{accessor_suffix(name)}"
+    get.__doc__ = f"Gets the value of :py:attr:`{name}` or its default value: {doc}."
+    return get
+
+
+def _setter(name: str, doc: str) -> Callable[[Any, Any], Any]:
+    def set_(self: Any, value: Any) -> Any:
+        return self._set(**{name: value})
+
+    set_.__name__ = set_.__qualname__ = f"set{accessor_suffix(name)}"
+    set_.__doc__ = f"Sets the value of :py:attr:`{name}` ({doc}); returns the stage."
+    return set_
+
+
+def _doc_section(params: list[Param[Any]]) -> str:
+    lines = [_SECTION.rstrip("\n"),
+             *textwrap.wrap("Each Param has a getter and a setter, named after it in camel case; "
+                            "``explainParams()`` shows the defaults and the values set.", 88),
+             ""]
+    for param in params:
+        suffix = accessor_suffix(param.name)
+        lines.append(f"{param.name} : get{suffix}() / set{suffix}(value)")
+        lines += textwrap.wrap(param.doc, 84, initial_indent="    ", subsequent_indent="    ")
+    return "\n".join(lines)
+
+
+def complete(cls: type) -> None:
+    """Add what :class:`StageParams` promises to ``cls`` (idempotent)."""
+    params = class_params(cls)
+    for param in params:
+        suffix = accessor_suffix(param.name)
+        for prefix, make in (("get", _getter), ("set", _setter)):
+            if not hasattr(cls, prefix + suffix):  # hand-written (or MLlib's) accessors stay
+                setattr(cls, prefix + suffix, make(param.name, param.doc))
+    for method in ("__init__", "setParams"):
+        func = cls.__dict__.get(method)
+        if inspect.isfunction(func) and not getattr(func, _CHECKED, False):
+            setattr(cls, method, _checking_keywords(func))
+    if issubclass(cls, Estimator):
+        fit = getattr(cls, "_fit", None)
+        if fit is not None and not getattr(fit, "__isabstractmethod__", False) \
+                and not getattr(fit, _KEEPS_UID, False):
+            setattr(cls, "_fit", _keeping_uid(fit))  # noqa: B010 (a plain type to mypy)
+    own = cls.__dict__.get("__doc__")
+    if params and not cls.__name__.startswith("_"):
+        text = inspect.cleandoc(own) if own else ""
+        text = text.split(f"\n\n{_SECTION}")[0] if _SECTION in text else text
+        cls.__doc__ = f"{text}\n\n{_doc_section(params)}" if text else _doc_section(params)
+
+
+class StageParams:
+    """Mixin whose subclasses :func:`complete` themselves (see the module docstring)."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        complete(cls)
