@@ -7,7 +7,7 @@ committed samples in ``data/``.
 
 Examples
 --------
->>> df = churn(get_spark(), n=10_000, seed=0)
+>>> df = churn(spark, n=1_000, seed=0)
 >>> df.columns[:3]
 ['customer_id', 'signup_ts', 'plan']
 """

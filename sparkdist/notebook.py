@@ -20,9 +20,17 @@ Examples
 --------
 >>> from sparkdist.notebook import param, spark_session, show, find_path
 >>> spark = spark_session()
->>> rows = param("rows", 2000)                    # widget "rows", or $SPARKDIST_NB_ROWS
+>>> rows = param("rows", 3)                       # widget "rows", or $SPARKDIST_NB_ROWS
 >>> df = spark.read.parquet(find_path(param("data_path", "data/churn_sample.parquet")))
->>> show(df.limit(rows))
+>>> show(df.select("customer_id", "plan").limit(rows))
++-----------+--------+
+|customer_id|plan    |
++-----------+--------+
+|C0000000   |standard|
+|C0000001   |basic   |
+|C0000002   |basic   |
++-----------+--------+
+<BLANKLINE>
 """
 
 from __future__ import annotations
@@ -220,6 +228,14 @@ def show(obj: Any, n: int = 20) -> None:
     Examples
     --------
     >>> show(spark.range(3))
+    +---+
+    |id |
+    +---+
+    |0  |
+    |1  |
+    |2  |
+    +---+
+    <BLANKLINE>
     """
     display = _notebook_global("display")
     spark_frame = hasattr(obj, "schema") and hasattr(obj, "show")
@@ -259,7 +275,7 @@ def find_path(path: str) -> str:
     Examples
     --------
     >>> find_path("data/churn_sample.parquet")   # from the repo root, notebooks/ or tests/
-    '/home/me/sparkdist/data/churn_sample.parquet'
+    '/.../data/churn_sample.parquet'
     """
     if re.match(r"^[a-zA-Z][\w+.-]*:", path) or Path(path).is_absolute():
         return path
@@ -350,9 +366,18 @@ def run_notebook(path: str | Path, *, spark: SparkSession | None = None,
 
     Examples
     --------
-    >>> ns = run_notebook("notebooks/02_recommendations_als.py", spark=spark,
-    ...                   params={"max_iter": 5})
-    >>> ns["metrics"]["rmse"]
+    >>> notebook = Path(tmp, "count.py")
+    >>> _ = notebook.write_text("# Databricks notebook source\\n"
+    ...                         "from sparkdist.notebook import param\\n"
+    ...                         "rows = param('rows', 10)\\n"
+    ...                         "# COMMAND ----------\\n"
+    ...                         "total = spark.range(rows).count()\\n")
+    >>> run_notebook(notebook, spark=spark, params={"rows": 5})["total"]
+    5
+
+    The notebooks in ``notebooks/`` run the same way, e.g.
+    ``run_notebook("notebooks/02_recommendations_als.py", spark=spark,
+    params={"max_iter": 5})["metrics"]["rmse"]``.
     """
     path = Path(path)
     ns = namespace if namespace is not None else {}

@@ -1,4 +1,6 @@
-"""Shared fixtures: one local[2] SparkSession for the whole test session, and a seed."""
+"""Test fixtures: S3 on a local moto server, a seed, and cached data sets. The ``spark``
+fixture (one local[2] session for the whole run) is in the repository's conftest.py, shared
+with the docstring examples."""
 
 from __future__ import annotations
 
@@ -26,19 +28,6 @@ os.environ.update(AWS_ENDPOINT_URL=f"http://127.0.0.1:{_free_port()}",
 import pytest  # noqa: E402
 
 SEED = 20261201
-
-
-@pytest.fixture(scope="session")
-def spark():
-    from sparkdist.session import get_spark
-
-    session = get_spark(
-        master="local[2]",
-        app_name="sparkdist-tests",
-        conf={"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2"},
-    )
-    yield session
-    session.stop()
 
 
 @pytest.fixture

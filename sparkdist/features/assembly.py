@@ -91,8 +91,10 @@ class FeatureAssembler(Estimator, _FeatureAssemblerParams, ParamsPersistence):
     ...                              categoricalCols=["plan"],
     ...                              labelCol="cancelled_within_week", nullPolicy="impute")
     >>> model = assembler.fit(train)
-    >>> model.transform(test).select("features", "cancelled_within_week")
-    >>> model.featureNames  # ['month_interaction_count', 'plan=basic', ...]
+    >>> model.featureNames
+    ['month_interaction_count', 'plan=basic', 'plan=premium', 'plan=standard']
+    >>> model.transform(test).select("features", "cancelled_within_week").first()
+    Row(features=DenseVector([42.0, 1.0, 0.0, 0.0]), cancelled_within_week=0.0)
     """
 
     @keyword_only

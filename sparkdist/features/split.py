@@ -10,7 +10,9 @@ Examples
 >>> parts = split(df, {"train": 0.8, "test": 0.2}, method="random", seed=42,
 ...               keyCols=["customer_id"])
 >>> train, test = parts["train"], parts["test"]
->>> parts.metadata  # {'method': 'random', 'seed': 42, ..., 'counts': {'train': 8012, ...}}
+>>> parts.metadata
+{'method': 'random', 'seed': 42, 'fractions': {'train': 0.8, 'test': 0.2},
+ 'keyCols': ['customer_id'], 'counts': {'train': 1627, 'test': 373}}
 """
 
 from __future__ import annotations

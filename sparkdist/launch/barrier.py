@@ -239,7 +239,12 @@ def run_barrier(df: DataFrame, worker: Worker, args: dict[str, Any], num_workers
 
     Examples
     --------
-    >>> payload = run_barrier(df, my_worker, {"epochs": 3}, num_workers=2)
+    >>> def count_rows(context, batches, args):
+    ...     rows = sum(batch.num_rows for batch in batches)
+    ...     message = f"{args['name']}: rank {context.rank} of {context.world_size}, {rows} rows"
+    ...     return message.encode()
+    >>> run_barrier(df, count_rows, {"name": "churn"}, num_workers=2)
+    b'churn: rank 0 of 2, 1000 rows'
     """
     settings = settings or BarrierSettings()
     spark = df.sparkSession

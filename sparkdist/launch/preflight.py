@@ -16,9 +16,12 @@ Examples
 --------
 >>> task_slots(spark)                      # local[2] -> 2
 2
->>> preflight(spark, 2)                    # doctest: +SKIP
->>> preflight(spark, 8)                    # doctest: +SKIP
-ClusterConfigError: numWorkers=8 exceeds the 2 task slots of this cluster; ...
+>>> [finding.check for finding in preflight(spark, 2)]
+['dynamic-allocation', 'gpu', 'security', 'task-slots']
+>>> preflight(spark, 8)
+Traceback (most recent call last):
+    ...
+sparkdist.exceptions.ClusterConfigError: numWorkers=8 exceeds the 2 task slots of this cluster ...
 """
 
 from __future__ import annotations
@@ -120,9 +123,12 @@ def preflight(spark: SparkSession, num_workers: int, *, use_gpu: UseGpu = "auto"
 
     Examples
     --------
-    >>> preflight(spark, 2)                                   # doctest: +SKIP
-    >>> preflight(spark, 2, use_gpu=True)                     # doctest: +SKIP
-    ClusterConfigError: useGpu=True but this Spark application schedules no GPUs: set ...
+    >>> preflight(spark, 2)[-1].message
+    'numWorkers=2 fits the 2 task slot(s).'
+    >>> preflight(spark, 2, use_gpu=True)
+    Traceback (most recent call last):
+        ...
+    sparkdist.exceptions.ClusterConfigError: useGpu=True but this Spark application schedules ...
     """
     found = []
     # Lazily, so the first error stops before the slot check's registration wait.
@@ -146,7 +152,7 @@ def findings(spark: SparkSession, num_workers: int | None = None, use_gpu: UseGp
 
     Examples
     --------
-    >>> [f.severity for f in findings(spark, 2)]              # doctest: +SKIP
+    >>> [f.severity for f in findings(spark, 2)]
     ['ok', 'ok', 'ok', 'ok']
     """
     return list(_iter_findings(spark, num_workers, use_gpu, allow_unencrypted, param, wait_s))
@@ -336,7 +342,7 @@ def task_slots(spark: SparkSession) -> int:
 
     Examples
     --------
-    >>> task_slots(get_spark(master="local[2]"))
+    >>> task_slots(spark)  # local[2]
     2
     """
     slots = _scheduler_slots(spark)
@@ -361,8 +367,10 @@ def check_num_workers(spark: SparkSession, num_workers: int, param: str = "num_w
     Examples
     --------
     >>> check_num_workers(spark, 2)                          # local[2]: fine
-    >>> check_num_workers(spark, 8, param="numWorkers")      # doctest: +SKIP
-    ClusterConfigError: numWorkers=8 exceeds the 2 task slots of this cluster; ...
+    >>> check_num_workers(spark, 8, param="numWorkers")
+    Traceback (most recent call last):
+        ...
+    sparkdist.exceptions.ClusterConfigError: numWorkers=8 exceeds the 2 task slots of this ...
     """
     _check_count(num_workers, param)
     finding = _slots_finding(spark, _conf(spark), num_workers, param, wait_s)

@@ -86,8 +86,12 @@ class RandomForestClassificationModel(_ForestModel, _TunedModel, MLlibModel,  # 
 
     Examples
     --------
-    >>> model = RandomForestClassifier(labelCol="y", numTrees=50).fit(train)
-    >>> model.featureImportances, model.getNumTrees
+    >>> model = RandomForestClassifier(labelCol="cancelled_within_week", numTrees=5,
+    ...                                maxDepth=3, seed=0).fit(assembled_train)
+    >>> model.getNumTrees, model.numClasses, model.numFeatures
+    (5, 2, 6)
+    >>> model.featureImportances  # month, week, day counts, then plan=basic, premium, standard
+    SparseVector(6, {0: 0.35..., 1: 0.49..., 2: 0.05..., 3: 0.09...})
     """
 
     _mllib_model = mllib_classification.RandomForestClassificationModel
@@ -105,8 +109,12 @@ class RandomForestRegressionModel(_ForestModel, MLlibModel,  # type: ignore[misc
 
     Examples
     --------
-    >>> model = RandomForestRegressor(labelCol="price", numTrees=50).fit(train)
-    >>> model.featureImportances
+    >>> model = RandomForestRegressor(labelCol="cancelled_within_week", numTrees=5, maxDepth=3,
+    ...                               seed=0).fit(assembled_train)  # a 0/1 label: P(churn)
+    >>> model.getNumTrees, model.numFeatures
+    (5, 6)
+    >>> model.transform(assembled_test).select("prediction").first()
+    Row(prediction=0.08...)
     """
 
     _mllib_model = mllib_regression.RandomForestRegressionModel
@@ -133,10 +141,13 @@ class RandomForestClassifier(_TunedClassifier, MLlibEstimator, _RFClassifierPara
 
     Examples
     --------
-    >>> rf = RandomForestClassifier(labelCol="churned", numTrees=50, maxDepth=6,
-    ...                             classWeight="balanced")
-    >>> model = rf.fit(train)
-    >>> model.featureImportances
+    >>> rf = RandomForestClassifier(labelCol="cancelled_within_week", numTrees=10, maxDepth=4,
+    ...                             classWeight="balanced", thresholdMetric="f1", seed=0)
+    >>> model = rf.fit(assembled_train)
+    >>> model.getThresholds(), model.validationMetric  # tuned on a validation split
+    ([0.48, 0.52], 0.63...)
+    >>> model.transform(assembled_test).select("probability", "prediction").first()
+    Row(probability=DenseVector([0.84..., 0.15...]), prediction=0.0)
     """
 
     _mllib_estimator = mllib_classification.RandomForestClassifier
@@ -185,10 +196,13 @@ class RandomForestRegressor(MLlibEstimator, _RFRegressorParams):
     --------
     >>> from pyspark.ml import Pipeline
     >>> from sparkdist.features import FeatureAssembler
-    >>> rf = RandomForestRegressor(labelCol="price", numTrees=50, maxDepth=8)
-    >>> model = Pipeline(stages=[FeatureAssembler(numericCols=["rooms", "area"],
-    ...                                           labelCol="price"), rf]).fit(train)
+    >>> rf = RandomForestRegressor(labelCol="month_interaction_count", numTrees=10, maxDepth=4,
+    ...                            seed=0)
+    >>> model = Pipeline(stages=[
+    ...     FeatureAssembler(numericCols=["week_interaction_count", "day_interaction_count"],
+    ...                      labelCol="month_interaction_count"), rf]).fit(train)
     >>> model.stages[-1].featureImportances
+    SparseVector(2, {0: 0.79..., 1: 0.20...})
     """
 
     _mllib_estimator = mllib_regression.RandomForestRegressor

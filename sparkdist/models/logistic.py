@@ -35,9 +35,12 @@ class LogisticRegressionModel(_TunedModel, MLlibModel, _LRParams):
 
     Examples
     --------
-    >>> model = LogisticRegression(labelCol="y", thresholdMetric="f1").fit(train)
-    >>> model.coefficients, model.intercept
+    >>> model = LogisticRegression(labelCol="cancelled_within_week",
+    ...                            thresholdMetric="f1").fit(assembled_train)
+    >>> model.coefficients.size, round(model.intercept, 1)
+    (6, 1.0)
     >>> model.getThreshold(), model.validationMetric  # tuned on a validation split
+    (0.33..., 0.66...)
     """
 
     _mllib_model = mllib.LogisticRegressionModel
@@ -100,12 +103,13 @@ class LogisticRegression(_TunedClassifier, MLlibEstimator, _LRParams):
     --------
     >>> from pyspark.ml import Pipeline
     >>> from sparkdist.features import FeatureAssembler
-    >>> lr = LogisticRegression(labelCol="churned", regParam=0.01, classWeight="balanced",
-    ...                         thresholdMetric="f1")
-    >>> pipeline = Pipeline(stages=[FeatureAssembler(numericCols=["visits"],
-    ...                                              labelCol="churned"), lr])
-    >>> model = pipeline.fit(train)
+    >>> lr = LogisticRegression(labelCol="cancelled_within_week", regParam=0.01,
+    ...                         classWeight="balanced", thresholdMetric="f1")
+    >>> assembler = FeatureAssembler(numericCols=["month_interaction_count"],
+    ...                              categoricalCols=["plan"], labelCol="cancelled_within_week")
+    >>> model = Pipeline(stages=[assembler, lr]).fit(train)
     >>> model.stages[-1].getThreshold(), model.stages[-1].validationMetric
+    (0.49..., 0.67...)
     """
 
     _mllib_estimator = mllib.LogisticRegression

@@ -104,10 +104,18 @@ def spill(
 
     Examples
     --------
-    >>> train, validation = spill(batches, "/tmp/scratch")  # doctest: +SKIP
-    >>> with train:
-    ...     for x, y in train.batches(seed=1, epoch=0, num_steps=100):
-    ...         ...
+    >>> batch = pa.RecordBatch.from_pydict({
+    ...     "features": [[0.0, 1.0], [1.0, 0.0], [1.0, 1.0], [0.5, 0.5]],
+    ...     "label": [1.0, 1.0, 0.0, 0.0],
+    ...     "is_validation": [False, False, False, True]})
+    >>> train, validation = spill([batch], tmp)
+    >>> train.num_rows, validation.num_rows, train.dim
+    (3, 1, 2)
+    >>> with train, validation:
+    ...     for x, y in train.batches(seed=1, epoch=0, num_steps=2):
+    ...         print(tuple(x.shape), tuple(y.shape))
+    (1, 2) (1,)
+    (2, 2) (2,)
     """
     if block_rows < 1:
         raise ValueError(f"block_rows={block_rows} must be at least 1")
@@ -292,8 +300,14 @@ class SpilledRows:
 
     Examples
     --------
-    >>> with SpilledRows("/tmp/scratch/train.arrow") as rows:  # doctest: +SKIP
-    ...     x, y = next(rows.batches(seed=1, epoch=0, num_steps=10))
+    >>> batch = pa.RecordBatch.from_pydict({"features": [[0.0, 1.0], [1.0, 0.0]],
+    ...                                     "label": [1.0, 0.0]})
+    >>> for spilled in spill([batch], tmp):  # writes train.arrow and validation.arrow
+    ...     spilled.close()
+    >>> with SpilledRows(f"{tmp}/train.arrow") as rows:
+    ...     x, y = next(rows.batches(seed=1, epoch=0, num_steps=1))
+    >>> rows.num_rows, rows.num_blocks, tuple(x.shape)
+    (2, 1, (2, 2))
     """
 
     def __init__(self, path: str) -> None:

@@ -17,7 +17,16 @@ class MLP(nn.Module):
 
     Examples
     --------
-    >>> TorchEstimator(model="sparkdist.train.nets.MLP", modelKwargs={"hidden": [64, 32]})
+    >>> net = MLP(input_dim=8, output_dim=1, hidden=[16, 8], dropout=0.1)
+    >>> net(torch.zeros(4, 8)).shape
+    torch.Size([4, 1])
+
+    :class:`~sparkdist.models.TorchEstimator` builds it by name, with its input and output
+    sizes filled in:
+
+    >>> from sparkdist.models import TorchEstimator
+    >>> estimator = TorchEstimator(model="sparkdist.train.nets.MLP",
+    ...                            modelKwargs={"hidden": [64, 32]})
     """
 
     def __init__(self, input_dim: int, output_dim: int, hidden: Sequence[int] = (64,),
