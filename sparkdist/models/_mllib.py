@@ -21,6 +21,7 @@ from pyspark.ml.wrapper import JavaEstimator, JavaModel
 from pyspark.sql import DataFrame, SparkSession
 
 from sparkdist import store
+from sparkdist.columns import suggest
 from sparkdist.exceptions import ModelLoadError, ParamError
 from sparkdist.persist import ParamsPersistence, PersistentModel
 
@@ -51,7 +52,9 @@ def _between(low: float, high: float = math.inf, low_open: bool = False,
 def _one_of(choices: Callable[[Params], list[str]]) -> Rule:
     def rule(stage: Params, value: Any) -> str | None:  # MLlib compares lower-cased names
         allowed = choices(stage)
-        return None if str(value).lower() in allowed else f"one of {allowed}"
+        if str(value).lower() in allowed:
+            return None
+        return f"one of {allowed}.{suggest(str(value), allowed)}"
     return rule
 
 
