@@ -42,6 +42,7 @@ from pyspark.ml.util import DefaultParamsWriter, MLReadable, MLReader, MLWritabl
 from sparkdist import store
 from sparkdist._params import StageParams
 from sparkdist.exceptions import ModelLoadError, ParamError
+from sparkdist.models import MODULES as MODELS
 
 STATE_KEY = "sparkdistState"
 #: The committed version directory of a stage, relative to the stage's path.
@@ -52,9 +53,7 @@ RECORD = "metadata/part-00000"
 METADATA_KEYS = {"class", "timestamp", "sparkVersion", "uid", "paramMap", "defaultParamMap",
                  STATE_KEY, DATA_KEY}
 #: Modules whose Params classes may be named in a saved directory.
-SPARKDIST_MODULES = ("sparkdist.features.assembly", "sparkdist.models.logistic",
-                     "sparkdist.models.forest", "sparkdist.models.als",
-                     "sparkdist.models.xgboost", "sparkdist.models.torch")
+SPARKDIST_MODULES = ("sparkdist.features.assembly", *MODELS)
 PYSPARK_MODULES = ("pyspark.ml.feature", "pyspark.ml.classification", "pyspark.ml.regression",
                    "pyspark.ml.clustering", "pyspark.ml.recommendation", "pyspark.ml.fpm")
 #: pyspark stages whose readers load further stages by the class names in their files.
