@@ -14,12 +14,13 @@ The examples run in a namespace that holds, besides their module's own names:
 
 and, for the examples of ``sparkdist.models.als``, what that module's example builds
 (``train``, ``test``: ratings; ``model``: the fitted ALSModel). Each is built once, the
-first time an example names it; an example that names none of them (nor Spark) runs
-without starting Spark.
+first time an example reads it without assigning it first; an example that reads none of
+them (and does not mention Spark) runs without starting Spark.
 """
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 from collections.abc import Callable
@@ -89,7 +90,8 @@ def _als(get: Callable[[str], Any]) -> dict[str, Any]:
     parts = split(ratings(get("spark"), seed=0), {"train": 0.8, "test": 0.2},
                   method="cold_start", userCol="user_id", itemCol="item_id", seed=0)
     train, test = parts["train"].cache(), parts["test"].cache()
-    model = ALS(userCol="user_id", itemCol="item_id", rank=4, seed=0).fit(train)
+    model = ALS(userCol="user_id", itemCol="item_id", rank=4, numUserBlocks=2, numItemBlocks=2,
+                seed=0).fit(train)
     return {"train": train, "test": test, "model": model}
 
 
@@ -103,6 +105,20 @@ _BY_MODULE: dict[str, dict[str, Builder]] = {
 }
 # An example that names none of the objects above but one of these words uses Spark too.
 _USES_SPARK = re.compile(r"spark(?!dist)", re.IGNORECASE)
+
+
+def _free_names(examples: list[Any]) -> set[str]:
+    """The names the examples read before they assign them (in example order)."""
+    assigned: set[str] = set()
+    free: set[str] = set()
+    for example in examples:
+        try:
+            names = [n for n in ast.walk(ast.parse(example.source)) if isinstance(n, ast.Name)]
+        except SyntaxError:
+            continue
+        free |= {n.id for n in names if isinstance(n.ctx, ast.Load)} - assigned
+        assigned |= {n.id for n in names if not isinstance(n.ctx, ast.Load)}
+    return free
 
 
 @pytest.fixture(scope="session")
@@ -120,7 +136,7 @@ def _doctest_names(request: pytest.FixtureRequest) -> None:
     namespace = request.getfixturevalue("doctest_namespace")
     namespace.clear()  # one namespace dict serves every example: start each afresh
     source = "\n".join(example.source for example in dtest.examples)
-    used = set(re.findall(r"[A-Za-z_]\w*", source))
+    used = _free_names(dtest.examples)
     module = next((m for m in _BY_MODULE if dtest.name == m or dtest.name.startswith(m + ".")),
                   None)
     builders = {**_SHARED, **_BY_MODULE.get(module, {})}

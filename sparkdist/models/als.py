@@ -17,11 +17,17 @@ Like MLlib's ALS, the input DataFrame must be deterministic (the same rows when 
 
 Examples
 --------
->>> model = ALS(userCol="user_id", itemCol="item_id", rank=8, seed=0).fit(train)
->>> model.recommendForAllUsers(5).first().recommendations[0]
-Row(item_id='i0042', rating=4.87...)
->>> model.rankingMetrics(test, k=10)["ndcg@10"]
-0.27...
+>>> from sparkdist.datasets import ratings
+>>> from sparkdist.features import split
+>>> parts = split(ratings(spark, seed=0), {"train": 0.8, "test": 0.2}, method="cold_start",
+...               userCol="user_id", itemCol="item_id", seed=0)
+>>> train, test = parts["train"], parts["test"]
+>>> model = ALS(userCol="user_id", itemCol="item_id", rank=4, numUserBlocks=2,
+...             numItemBlocks=2, seed=0).fit(train)  # 2 blocks suit a small sample
+>>> model.recommendForAllUsers(5).first().recommendations[0]  # the best of 5
+Row(item_id='i0011', rating=3.89...)
+
+The examples of :class:`ALSModel` use this ``model`` and ``test``.
 """
 
 from __future__ import annotations
@@ -121,9 +127,10 @@ class ALS(MLlibEstimator, _ALSParams):
     Examples
     --------
     >>> als = ALS(userCol="user_id", itemCol="item_id", rank=4, regParam=0.05, seed=0)
-    >>> model = als.fit(ratings(spark))
-    >>> model.recommendForAllUsers(3).columns
-    ['user_id', 'recommendations']
+    >>> als.getColdStartStrategy(), als.getDuplicatePolicy(), als.getCheckpointInterval()
+    ('drop', 'error', 10)
+
+    The module's example fits one.
     """
 
     _mllib_estimator = _MLlibALS
@@ -222,7 +229,7 @@ class ALSModel(MLlibModel, _ALSModelParams):
     >>> model.transform(test).columns
     ['user_id', 'item_id', 'rating', 'ts', 'prediction']
     >>> model.recommendForUserSubset(test, 10).first().user_id
-    'u00007'
+    'u00004'
     """
 
     _mllib_model = _MLlibALSModel
@@ -278,7 +285,8 @@ class ALSModel(MLlibModel, _ALSModelParams):
         Examples
         --------
         >>> model.recommendForAllUsers(2).first()
-        Row(user_id='u00000', recommendations=[Row(item_id='i0031', rating=4.9), ...])
+        Row(user_id='u00004', recommendations=[Row(item_id='i0011', rating=3.89...),
+                                               Row(item_id='i0005', rating=3.87...)])
         """
         _check_k("numItems", numItems)
         return self._original_ids(self.mllib_model.recommendForAllUsers(numItems), _U)
@@ -363,9 +371,10 @@ class ALSModel(MLlibModel, _ALSModelParams):
 
         Examples
         --------
-        >>> model.rankingMetrics(test, k=5)
-        {'precision@5': 0.21, 'recall@5': 0.35, 'ndcg@5': 0.33, 'map@5': 0.19, 'rmse': 0.36,
-         'mae': 0.28}
+        >>> metrics = model.rankingMetrics(test, k=5)
+        >>> {name: round(value, 2) for name, value in metrics.items()}
+        {'precision@5': 0.02, 'recall@5': 0.07, 'ndcg@5': 0.04, 'map@5': 0.03, 'rmse': 0.94,
+         'mae': 0.69}
         """
         _check_k("k", k)
         user, item, rating = self.getUserCol(), self.getItemCol(), self.getRatingCol()
@@ -571,7 +580,7 @@ def ensure_checkpoint_dir(spark: SparkSession) -> str | None:
     Examples
     --------
     >>> ensure_checkpoint_dir(spark)
-    'file:/tmp/sparkdist-checkpoints-k2j3/1b6f...'
+    'file:/.../sparkdist-checkpoints-...'
     """
     if is_connect(spark):
         return _connect_checkpoint_dir(spark)

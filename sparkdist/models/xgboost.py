@@ -27,16 +27,21 @@ so constructing, tuning grids and saving estimators work without it.
 
 Examples
 --------
->>> from sparkdist.features import FeatureAssembler
 >>> from pyspark.ml import Pipeline
+>>> from sparkdist.features import FeatureAssembler
 >>> pipeline = Pipeline(stages=[
-...     FeatureAssembler(numericCols=["age", "tenure"], labelCol="churned"),
-...     XGBoostClassifier(labelCol="churned", num_workers=2, max_depth=4)])
+...     FeatureAssembler(numericCols=["month_interaction_count", "week_interaction_count"],
+...                      labelCol="cancelled_within_week"),
+...     XGBoostClassifier(labelCol="cancelled_within_week", num_workers=2, max_depth=4,
+...                       n_estimators=20)])
 >>> model = pipeline.fit(train)
->>> model.write().save("s3://bucket/churn-xgb")
->>> resumable = XGBoostClassifier(labelCol="churned", num_workers=2, n_estimators=500,
-...                               checkpointDir="s3://bucket/ckpt", checkpointEvery=50,
-...                               runId="churn-nightly")
+>>> model.write().save(f"{tmp}/churn-xgb")  # or s3://bucket/churn-xgb, gs://, ...
+
+A resumable fit: 500 rounds, checkpointed every 50 under ``checkpointDir/runId``:
+
+>>> resumable = XGBoostClassifier(labelCol="cancelled_within_week", num_workers=2,
+...                               n_estimators=500, checkpointDir=f"{tmp}/ckpt",
+...                               checkpointEvery=50, runId="churn-nightly")
 """
 
 from __future__ import annotations
@@ -402,10 +407,11 @@ class XGBoostClassifier(_XGBoostEstimator, _ClassifierParams):
 
     Examples
     --------
-    >>> clf = XGBoostClassifier(labelCol="churned", num_workers=2, max_depth=4,
-    ...                         n_estimators=200, learning_rate=0.1)
+    >>> clf = XGBoostClassifier(labelCol="cancelled_within_week", num_workers=1, max_depth=4,
+    ...                         n_estimators=20, learning_rate=0.1)
     >>> model = clf.fit(assembled_train)
-    >>> model.transform(assembled_test).select("prediction", "probability")
+    >>> model.transform(assembled_test).select("probability", "prediction").first()
+    Row(probability=DenseVector([0.89..., 0.10...]), prediction=0.0)
     """
 
     _xgb_estimator = "SparkXGBClassifier"
@@ -435,9 +441,11 @@ class XGBoostRegressor(_XGBoostEstimator, _RegressorParams):
 
     Examples
     --------
-    >>> reg = XGBoostRegressor(labelCol="price", num_workers=2, objective="reg:absoluteerror")
+    >>> reg = XGBoostRegressor(labelCol="cancelled_within_week", num_workers=1,
+    ...                        n_estimators=20, objective="reg:logistic")  # a 0/1 label: P(churn)
     >>> model = reg.fit(assembled_train)
-    >>> model.transform(assembled_test).select("price", "prediction")
+    >>> model.transform(assembled_test).select("cancelled_within_week", "prediction").first()
+    Row(cancelled_within_week=0.0, prediction=0.15...)
     """
 
     _xgb_estimator = "SparkXGBRegressor"
@@ -530,10 +538,12 @@ class XGBoostClassificationModel(_XGBoostModel, _ClassifierParams):
 
     Examples
     --------
-    >>> model = XGBoostClassifier(num_workers=2).fit(train)
-    >>> model.write().overwrite().save("/models/xgb")
-    >>> same = XGBoostClassificationModel.load("/models/xgb")
-    >>> same.get_booster().get_score(importance_type="gain")
+    >>> model = XGBoostClassifier(labelCol="cancelled_within_week", num_workers=1,
+    ...                           n_estimators=10).fit(assembled_train)
+    >>> model.write().overwrite().save(f"{tmp}/xgb")
+    >>> same = XGBoostClassificationModel.load(f"{tmp}/xgb")
+    >>> same.get_booster().num_boosted_rounds()
+    10
     """
 
     task = "classification"
@@ -546,8 +556,10 @@ class XGBoostRegressionModel(_XGBoostModel, _RegressorParams):
 
     Examples
     --------
-    >>> model = XGBoostRegressor(num_workers=2).fit(train)
-    >>> model.transform(test).select("prediction")
+    >>> model = XGBoostRegressor(labelCol="cancelled_within_week", num_workers=1,
+    ...                          n_estimators=10, max_depth=3).fit(assembled_train)
+    >>> model.transform(assembled_test).select("prediction").first()
+    Row(prediction=0.06...)
     """
 
     task = "regression"
