@@ -21,9 +21,16 @@ This module imports xgboost: import it only inside a fit.
 
 Examples
 --------
->>> plan = ChunkPlan(location="/ckpt/run-1", run_id="run-1", rounds=100, every=10, keep=3,
+>>> from functools import partial
+>>> from xgboost.spark import SparkXGBClassifier
+>>> plan = ChunkPlan(location=f"{tmp}/run-1", run_id="run-1", rounds=4, every=2, keep=3,
 ...                  max_retries=3)
->>> raw, summary = fit_in_chunks(lambda: SparkXGBClassifier(num_workers=2), train, plan)
+>>> new_inner = partial(SparkXGBClassifier, label_col="cancelled_within_week", num_workers=1)
+>>> raw, summary = fit_in_chunks(new_inner, assembled_train, plan)
+>>> summary
+{'run_id': 'run-1', 'checkpoint_dir': '.../run-1', 'resumed_from_round': None, 'retries': 0}
+>>> Checkpoints(plan.location, keep=3).latest()[0]  # rounds done at the newest checkpoint
+4
 """
 
 from __future__ import annotations

@@ -28,11 +28,15 @@ Examples
 >>> from pyspark.ml import Pipeline
 >>> from sparkdist.features import FeatureAssembler
 >>> pipeline = Pipeline(stages=[
-...     FeatureAssembler(numericCols=["age", "tenure"], labelCol="churned", standardize=True),
-...     TorchEstimator(model="sparkdist.train.nets.MLP", modelKwargs={"hidden": [32]},
-...                    labelCol="churned", loss="bce", epochs=5, numWorkers=2)])
+...     FeatureAssembler(numericCols=["month_interaction_count", "week_interaction_count"],
+...                      categoricalCols=["plan"], labelCol="cancelled_within_week",
+...                      standardize=True),
+...     TorchEstimator(model="sparkdist.train.nets.MLP", modelKwargs={"hidden": [16]},
+...                    labelCol="cancelled_within_week", loss="bce", epochs=2, numWorkers=2)])
 >>> model = pipeline.fit(train)
->>> model.stages[-1].history[-1]["loss"]
+>>> history = model.stages[-1].history  # one record per epoch
+>>> len(history), sorted(history[-1])
+(2, ['epoch', 'epochs', 'loss', 'seconds'])
 """
 
 from __future__ import annotations
@@ -166,10 +170,14 @@ class TorchEstimator(Estimator, _TorchParams, HasSeed, HasRecovery, ParamsPersis
 
     Examples
     --------
-    >>> est = TorchEstimator(loss="cross_entropy", modelKwargs={"hidden": [64, 32]},
-    ...                      epochs=10, numWorkers=2, validationFraction=0.1)
-    >>> model = est.fit(features_df)
-    >>> model.transform(test_df).select("prediction", "probability")
+    >>> est = TorchEstimator(labelCol="cancelled_within_week", loss="cross_entropy",
+    ...                      modelKwargs={"hidden": [16, 8]}, epochs=1, numWorkers=1,
+    ...                      validationFraction=0.1)
+    >>> model = est.fit(assembled_train)
+    >>> sorted(model.history[-1])  # validation metrics from the held-out 10%
+    ['epoch', 'epochs', 'loss', 'seconds', 'val_accuracy', 'val_loss']
+    >>> model.transform(assembled_test).columns[-3:]
+    ['prediction', 'rawPrediction', 'probability']
     """
 
     optimizer: Param[str] = Param(Params._dummy(), "optimizer",
