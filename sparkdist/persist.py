@@ -78,7 +78,8 @@ def save_model(stage: Any, path: str, overwrite: bool = False, spark: Any = None
 
     Examples
     --------
-    >>> save_model(pipeline_model, "s3://bucket/models/churn", overwrite=True)
+    >>> save_model(pipeline_model, f"{tmp}/models/churn")  # or s3://bucket/models/churn, ...
+    >>> save_model(pipeline_model, f"{tmp}/models/churn", overwrite=True)  # replaces it
     """
     store.check_target(path)
     spark = spark or _active_spark()
@@ -165,7 +166,10 @@ def load_model(path: str, spark: Any = None) -> Any:
 
     Examples
     --------
-    >>> model = load_model("models/churn/LogisticRegression")
+    >>> save_model(pipeline_model, f"{tmp}/models/churn")
+    >>> model = load_model(f"{tmp}/models/churn")
+    >>> [type(stage).__name__ for stage in model.stages]
+    ['FeatureAssemblerModel', 'LogisticRegressionModel']
     """
     spark = spark or _active_spark()
     path = path.rstrip("/")

@@ -14,10 +14,10 @@ created first (a hard link locally, a conditional ``If-None-Match`` PUT on S3).
 
 Examples
 --------
->>> write_bytes("/tmp/sparkdist-doc/a.txt", b"hello")
->>> read_bytes("/tmp/sparkdist-doc/a.txt")
+>>> write_bytes(f"{tmp}/a.txt", b"hello")  # or s3://bucket/a.txt, gs://..., abfss://...
+>>> read_bytes(f"{tmp}/a.txt")
 b'hello'
->>> checkpoints = Checkpoints("/tmp/sparkdist-doc/run-1", keep=2)
+>>> checkpoints = Checkpoints(f"{tmp}/run-1", keep=2)
 >>> checkpoints.save(3, b"weights...")
 >>> checkpoints.latest()
 (3, b'weights...')
