@@ -72,6 +72,7 @@ def test_vector_size_names_and_passthrough(churn_df, small_churn):
         assert row[CHURN_LABEL] in (0.0, 1.0)
 
 
+@pytest.mark.slow
 def test_standardize_numeric_slots(churn_df):
     model = FeatureAssembler(numericCols=CHURN_COUNTS, categoricalCols=["plan"],
                              standardize=True).fit(churn_df)
@@ -334,6 +335,7 @@ def test_pipeline_reaches_auc(churn_pipeline, churn_split):
     assert weights["plan=basic"] > weights["plan=standard"] > weights["plan=premium"]
 
 
+@pytest.mark.slow
 def test_pipeline_model_save_load(churn_pipeline, churn_split, tmp_path):
     _, test = churn_split
     path = str(tmp_path / "pipeline")

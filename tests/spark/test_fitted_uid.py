@@ -55,6 +55,7 @@ def frames(spark):
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cls", ESTIMATORS, ids=lambda cls: cls.__name__)
 def test_fitted_model_carries_the_estimator_uid(cls, frames):
     data, params = CHEAP_FITS[cls.__name__]

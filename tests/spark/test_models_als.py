@@ -88,6 +88,7 @@ def test_mllib_params_and_defaults_are_kept(spark):  # MLlib stages need a Spark
 
 
 # -- ids of any type -------------------------------------------------------------------------
+@pytest.mark.slow
 def test_string_ids_round_trip(data, model):
     _, train, test = data
     out = model.transform(test)
@@ -109,6 +110,7 @@ def test_string_ids_round_trip(data, model):
     assert {r[0] for r in model.itemFactors.select("item_id").collect()} == items
 
 
+@pytest.mark.slow
 def test_numeric_ids_keep_value_and_type(small):
     # Longs beyond MLlib's int range for users, plain ints for items.
     df = small.select((F.col("user_id") + 2**40).alias("user_id"),
@@ -155,6 +157,7 @@ def test_unknown_ids_are_cold_starts(spark, data, model):
     assert model.transform(int_ids).count() == 0
 
 
+@pytest.mark.slow
 def test_rmse_well_below_rating_std_and_metrics_never_nan(spark, data, model):
     _, _, test = data
     std = test.agg(F.stddev("rating")).first()[0]
@@ -217,6 +220,7 @@ def test_checkpoint_dir_is_set_automatically(spark, small, caplog):
 
 
 # -- persistence, Pipeline, tuning -----------------------------------------------------------
+@pytest.mark.slow
 def test_save_load_estimator_and_model(tmp_path, data, model):
     _, _, test = data
     estimator = als(rank=5, duplicatePolicy="mean", coldStartStrategy="nan")
@@ -236,6 +240,7 @@ def test_save_load_estimator_and_model(tmp_path, data, model):
         recommended(model.recommendForAllUsers(3), "user_id", "item_id")
 
 
+@pytest.mark.slow
 def test_in_pipeline_with_save_load(tmp_path, data):
     _, train, test = data
     cast = SQLTransformer(statement="SELECT user_id, item_id, CAST(rating AS DOUBLE) AS rating "
@@ -289,6 +294,7 @@ def test_duplicates_error_by_default(spark):
     assert "duplicatePolicy='mean'" in message and "'sum'" in message
 
 
+@pytest.mark.slow
 def test_duplicate_policies_mean_and_sum(spark):
     df = _with_duplicate(spark)
     pair = df.where("user_id = 'a' AND item_id = 'x'").limit(1)
@@ -334,6 +340,7 @@ def test_other_bad_input(spark, small):
         als(coldStartStrategy="dorp").fit(small)
 
 
+@pytest.mark.slow
 def test_column_names_with_dots_and_backticks(small):
     names = {"userCol": "user.id", "itemCol": "item`id", "ratingCol": "r.a`t"}
     df = (small.withColumnRenamed("user_id", "user.id").withColumnRenamed("item_id", "item`id")

@@ -188,6 +188,7 @@ def grid_and_evaluator(name, estimator):
     return grid, evaluator
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(FAST))
 def test_cross_validator_and_train_validation_split(assembled, seed, name):
     data = assembled.where(F.col("customer_id") < "C0000300")
@@ -295,6 +296,7 @@ def test_breast_cancer_accuracy(spark, seed):
     assert accuracy[0] >= 0.95
 
 
+@pytest.mark.slow
 def test_forest_auc_on_churn(churn_df, seed):
     parts = split(churn_df.where(F.col("customer_id") < "C0004000"),
                   {"train": 0.8, "test": 0.2}, method="stratified", labelCol=Y, seed=seed)

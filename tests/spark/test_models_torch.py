@@ -287,6 +287,7 @@ def test_transform_refuses_a_known_wrong_width_before_any_job(spark):
     ([[1.0, 2.0], [1.0, None]], "a row of featuresCol 'features' is null or holds a null"),
     ([[1.0, 2.0], [1.0, 2.0, 3.0]], "holds 3 values, but the model was trained on 2"),
 ])
+@pytest.mark.slow
 def test_transform_names_a_null_or_wrong_length_row(spark, rows, match):
     """Arrays carry no width in the schema: the job that reaches a bad row stops with a
     message naming the column and the fix (not a failure inside the network)."""

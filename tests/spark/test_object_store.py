@@ -116,6 +116,7 @@ def committed(path: str) -> str:
     return data_dir(path).rsplit("/", 1)[1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scheme", ["s3", "s3a"])
 def test_an_lr_pipeline_saves_loads_and_overwrites(s3, prefix, scheme, lr_pipeline,
                                                    churn_small):

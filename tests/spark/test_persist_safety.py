@@ -130,6 +130,7 @@ def test_the_cli_refuses_a_planted_model(spark, frame, tmp_path, marker, capsys)
     assert "does not load" in capsys.readouterr().err and not marker.exists()
 
 
+@pytest.mark.slow
 def test_tracking_load_model_uses_the_allowlist(spark, tmp_path, marker):
     import mlflow
 

@@ -86,6 +86,7 @@ class Attacker(threading.Thread):
                 self.done_at = self.done_at or last
 
 
+@pytest.mark.slow
 def test_forged_reports_cannot_end_a_healthy_fit(nonlinear, caplog):
     train, _ = nonlinear
     attacker = Attacker()

@@ -162,6 +162,7 @@ def test_required_fails_without_a_run_and_continues_a_completed_one_only_to_more
 
 
 # ------------------------------------------------------------------------------------ K4
+@pytest.mark.slow
 def test_k4_a_second_fit_on_a_run_in_use_is_refused(completed, day1, day2, tmp_path):
     directory = _copy(completed[0], tmp_path)
     first = arm(TorchEstimator(checkpointDir=directory, timeoutSeconds=15,
@@ -226,6 +227,7 @@ def _booster(model) -> bytes:
     return bytes(model.get_booster().save_raw("json"))
 
 
+@pytest.mark.slow
 def test_k1d_xgboost_refit_on_new_data_boosts_afresh(xgb_completed, day2, tmp_path):
     directory = _copy(xgb_completed[0], tmp_path)
     model = XGBoostClassifier(checkpointDir=directory, **XGB).fit(day2)
@@ -235,6 +237,7 @@ def test_k1d_xgboost_refit_on_new_data_boosts_afresh(xgb_completed, day2, tmp_pa
     assert _booster(model) == _booster(fresh) != _booster(xgb_completed[1])
 
 
+@pytest.mark.slow
 def test_k1d_xgboost_interrupted_run_resumes_only_with_the_same_data_and_params(
         xgb_completed, day1, day2, tmp_path):
     failing = arm(XGBoostClassifier(checkpointDir=str(tmp_path / "ckpt"),

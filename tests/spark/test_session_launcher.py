@@ -55,6 +55,7 @@ def _expect_launcher_wins(seen: dict[str, str | None]) -> None:
     assert seen["spark.sql.execution.arrow.pyspark.enabled"] == "true"  # unset: filled in
 
 
+@pytest.mark.slow
 def test_pyspark_submit_args_win(tmp_path):
     submit_args = " ".join([*_launcher_args(), "pyspark-shell"])
     seen = _run([sys.executable, "-c", DRIVER], tmp_path, PYSPARK_SUBMIT_ARGS=submit_args)
@@ -73,6 +74,7 @@ def test_spark_submit_master_and_conf_win(tmp_path):
     assert seen["spark.app.name"] == "driver.py"  # spark-submit's name for the app
 
 
+@pytest.mark.slow
 def test_without_a_launcher_master_the_arguments_apply(tmp_path):
     seen = _run([sys.executable, "-c", DRIVER], tmp_path)
     assert seen["spark.master"] == "local[2]"

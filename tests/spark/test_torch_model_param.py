@@ -51,6 +51,7 @@ def _trained_class(model) -> type:
     return type(network)
 
 
+@pytest.mark.slow
 def test_set_params_copy_and_set_train_the_class_asked_for(train):
     est = _estimator()
     assert _trained_class(est.copy({est.model: Wide}).fit(train)) is Wide
@@ -61,6 +62,7 @@ def test_set_params_copy_and_set_train_the_class_asked_for(train):
     assert _trained_class(est.fit(train)) is Narrow
 
 
+@pytest.mark.slow
 def test_a_cross_validator_grid_over_two_model_classes_trains_each(train):
     est = _estimator()
     grid = ParamGridBuilder().addGrid(est.model, [Narrow, Wide]).build()
