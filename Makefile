@@ -1,4 +1,4 @@
-# sparkdist: `make demo` runs the main job on local Spark; `make test` runs the test suite.
+# sparkdist: `make demo` runs the demo jobs on local Spark; `make test` runs the test suite.
 # Both create .venv and install the pinned, tested dependency set (constraints.txt) first.
 
 PYTHON ?= python3

@@ -6,7 +6,9 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sparkdist.exceptions import ClusterConfigError
@@ -41,7 +43,10 @@ def get_spark(
     is the launcher's, else ``master``, else ``$SPARKDIST_MASTER``, else ``local[*]``. Keys
     the launcher left unset are filled in: ``conf`` and ``SPARKDIST_CONF_<key with '.'
     written '__'>``, then Arrow enabled, the driver bound to 127.0.0.1 in local modes,
-    shuffle partitions sized to the cores; logs at WARN.
+    shuffle partitions sized to the cores, no console progress bar. Logs at WARN: the JVM's
+    from its start when this process starts it (:func:`jvm_log_options`), py4j's and
+    xgboost.spark's (:func:`quiet_logs`); ``log_level`` or ``$SPARKDIST_LOG_LEVEL`` sets
+    the JVM's after start-up.
 
     ``remote`` (else ``$SPARK_REMOTE``, pyspark's own variable) asks for a Spark Connect
     session instead: ``sc://host:15002`` connects to a running server (checked within
@@ -67,7 +72,9 @@ def get_spark(
         return _stopped_at_exit(_connect(remote, app_name, conf))
     launched = "PYSPARK_GATEWAY_PORT" in os.environ  # spark-submit or a notebook's launcher
     _prepare_launch(master)
-    launcher = launcher_conf()
+    quiet_logs()
+    with _quiet_jvm():  # the gateway's JVM starts here, unless it runs already
+        launcher = launcher_conf()
     master = _choose_master(launcher.get("spark.master"), master)
     _local_env(master)
     asked = {**_env_conf(), **dict(conf or {})}
@@ -118,10 +125,156 @@ def launcher_conf() -> dict[str, str]:
 
     SparkContext._ensure_initialized()
     found = dict(SparkConf().getAll())
+    # spark-submit turns the console progress bar on for a shell ("pyspark-shell": the gateway
+    # pyspark starts itself) unless told otherwise: a fallback too, not a choice.
+    if (found.get("spark.app.name") == "pyspark-shell"
+            and found.get(_PROGRESS_BAR) == "true" and not _named_by_user(_PROGRESS_BAR)):
+        del found[_PROGRESS_BAR]
     for key, unset in (("spark.master", "local[*]"), ("spark.app.name", "pyspark-shell")):
         if found.get(key) == unset:
             del found[key]
     return found
+
+
+_PROGRESS_BAR = "spark.ui.showConsoleProgress"
+
+
+def _named_by_user(key: str) -> bool:
+    """Whether ``PYSPARK_SUBMIT_ARGS`` or a ``spark-defaults.conf`` mentions ``key``."""
+    if key in os.environ.get("PYSPARK_SUBMIT_ARGS", ""):
+        return True
+    conf_dir = _spark_conf_dir()
+    try:
+        return conf_dir is not None and key in (conf_dir / "spark-defaults.conf").read_text(
+            errors="replace")
+    except OSError:
+        return False
+
+
+def _spark_conf_dir() -> Path | None:
+    """``$SPARK_CONF_DIR``, else the conf directory of the Spark pyspark launches."""
+    if os.environ.get("SPARK_CONF_DIR"):
+        return Path(os.environ["SPARK_CONF_DIR"])
+    try:
+        from pyspark.find_spark_home import _find_spark_home
+
+        return Path(_find_spark_home()) / "conf"
+    except Exception:  # no Spark home found: pyspark will say so when it starts
+        return None
+
+
+#: The JVM's logging until ``setLogLevel``: Spark's default profile, at WARN from the start
+#: (so none of Spark's start-up INFO lines and "Setting default log level" notes), and
+#: Hadoop's "Unable to load native-hadoop library" warning (every local run has it) off.
+_LOG4J2 = """\
+# Written by sparkdist.session.quiet_logs: Spark's log4j2-defaults.properties at WARN.
+rootLogger.level = warn
+rootLogger.appenderRef.stdout.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex
+logger.repl.name = org.apache.spark.repl.Main
+logger.repl.level = warn
+logger.jetty.name = org.sparkproject.jetty
+logger.jetty.level = warn
+logger.jetty2.name = org.sparkproject.jetty.util.component.AbstractLifeCycle
+logger.jetty2.level = error
+logger.metastore.name = org.apache.hadoop.hive.metastore.RetryingHMSHandler
+logger.metastore.level = fatal
+logger.metastore2.name = org.apache.hadoop.hive.metastore.ObjectStore
+logger.metastore2.level = error
+logger.parquet.name = org.apache.parquet.CorruptStatistics
+logger.parquet.level = error
+logger.parquet2.name = parquet.CorruptStatistics
+logger.parquet2.level = error
+logger.hadoopnative.name = org.apache.hadoop.util.NativeCodeLoader
+logger.hadoopnative.level = error
+"""
+#: Python loggers of the libraries sparkdist drives that log INFO by default.
+_QUIET_LOGGERS = ("py4j", "XGBoost-PySpark")
+#: netlib (Spark ML's BLAS, LAPACK, ARPACK): the system library each tries to load natively.
+_NETLIB = {"blas": "libblas.so.3", "lapack": "liblapack.so.3", "arpack": "libarpack.so.2"}
+
+
+def quiet_logs() -> None:
+    """py4j's and xgboost.spark's Python loggers at WARN, unless their level is set
+    (xgboost.spark passes the driver's level of ``XGBoost-PySpark`` to its tasks)."""
+    import logging
+
+    for name in _QUIET_LOGGERS:
+        logger = logging.getLogger(name)
+        if logger.level == logging.NOTSET:
+            logger.setLevel(logging.WARNING)
+
+
+@contextmanager
+def _quiet_jvm() -> Iterator[None]:
+    """While this process starts its own JVM (not under spark-submit or a notebook's
+    launcher), ``$SPARK_SUBMIT_OPTS`` gets :func:`jvm_log_options`; restored afterwards."""
+    from pyspark import SparkContext
+
+    if SparkContext._gateway is not None or "PYSPARK_GATEWAY_PORT" in os.environ:
+        yield  # the JVM runs already, or a launcher starts it
+        return
+    before = os.environ.get("SPARK_SUBMIT_OPTS")
+    added = jvm_log_options()
+    if added:
+        os.environ["SPARK_SUBMIT_OPTS"] = " ".join([*added, before or ""]).strip()
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("SPARK_SUBMIT_OPTS", None)
+        else:
+            os.environ["SPARK_SUBMIT_OPTS"] = before
+
+
+def jvm_log_options() -> list[str]:
+    """The JVM options that keep a local driver's console quiet, where nobody chose otherwise.
+
+    - Spark's log4j at WARN from the start (``-Dlog4j2.configurationFile``, :data:`_LOG4J2`),
+      unless a log4j2 file is in Spark's conf directory or log4j is named in
+      ``$SPARK_SUBMIT_OPTS``/``$PYSPARK_SUBMIT_ARGS``.
+    - On Linux, netlib's native BLAS/LAPACK/ARPACK not tried where the system has no such
+      library: the JVM would print "netlib-blas: JNI_OnLoad: dlopen(libblas.so.3) failed" and
+      use its Java implementation anyway.
+
+    ``spark.driver.extraJavaOptions`` come later on the JVM's command line, so they win.
+    """
+    named = (os.environ.get("SPARK_SUBMIT_OPTS", "") + " "
+             + os.environ.get("PYSPARK_SUBMIT_ARGS", ""))
+    options = []
+    if "log4j" not in named and not _has_log4j_file(_spark_conf_dir()):
+        options.append(f"-Dlog4j2.configurationFile={_log4j2_file()}")
+    if sys.platform.startswith("linux"):
+        from ctypes.util import find_library
+
+        for lib, soname in _NETLIB.items():
+            if (f"dev.ludovic.netlib.{lib}." not in named
+                    and find_library(soname[3:].split(".so")[0]) is None):
+                options.append(f"-Ddev.ludovic.netlib.{lib}.allowNative=false")
+    return options
+
+
+def _has_log4j_file(conf_dir: Path | None) -> bool:
+    return conf_dir is not None and any(conf_dir.glob("log4j2*.*"))
+
+
+def _log4j2_file() -> Path:
+    """:data:`_LOG4J2` in the temporary directory (one file per content and user)."""
+    import hashlib
+    import tempfile
+
+    digest = hashlib.sha256(_LOG4J2.encode()).hexdigest()[:12]
+    user = os.getuid() if hasattr(os, "getuid") else os.getpid()
+    path = Path(tempfile.gettempdir()) / f"sparkdist-log4j2-{user}-{digest}.properties"
+    if not path.is_file():
+        partial = path.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(_LOG4J2)
+        os.replace(partial, path)
+    return path
 
 
 def _prepare_launch(master: str | None) -> None:
@@ -234,7 +387,8 @@ def _probe(channel_builder: Any, url: str) -> None:
 
 
 def _default_conf(master: str) -> dict[str, str]:
-    conf = {"spark.sql.execution.arrow.pyspark.enabled": "true"}
+    # One progress display: the caller's (sparkdist's workflow prints its own lines).
+    conf = {"spark.sql.execution.arrow.pyspark.enabled": "true", _PROGRESS_BAR: "false"}
     if master.startswith("local"):
         conf["spark.sql.shuffle.partitions"] = str(_local_cores(master))
         # The hostname may resolve to an interface executors cannot reach; loopback always works.

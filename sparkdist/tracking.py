@@ -8,6 +8,7 @@ which sparkdist's readers load without unpickling anything.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -24,6 +25,8 @@ def _mlflow() -> Any:
     except ImportError:
         raise ImportError('MLflow tracking needs the mlflow extra: pip install "sparkdist[mlflow]"'
                           ) from None
+    if not os.environ.get("MLFLOW_LOGGING_LEVEL"):  # MLflow logs INFO unless told otherwise
+        logging.getLogger("mlflow").setLevel(logging.WARNING)
     return mlflow
 
 

@@ -50,13 +50,16 @@ class WorkflowResult:
     run_id: str | None = None
 
     def table(self) -> str:
-        """The models side by side: fit time and every metric."""
+        """The models side by side: fit time and every metric, in aligned columns."""
         metrics = sorted({m for r in self.models for m in r.metrics})
         width = max(len("model"), *(len(r.name) for r in self.models))
-        head = f"{'model':<{width}}  {'fit s':>7}" + "".join(f"  {m:>9}" for m in metrics)
+        widths = [max(9, len(m)) for m in metrics]  # "precision@10" is wider than a value
+        head = f"{'model':<{width}}  {'fit s':>7}" + "".join(
+            f"  {m:>{w}}" for m, w in zip(metrics, widths))
         lines = [head, "-" * len(head)]
         for r in self.models:
-            cells = "".join(f"  {r.metrics.get(m, float('nan')):>9.4f}" for m in metrics)
+            cells = "".join(f"  {r.metrics.get(m, float('nan')):>{w}.4f}"
+                            for m, w in zip(metrics, widths))
             lines.append(f"{r.name:<{width}}  {r.fit_seconds:>7.1f}{cells}")
         return "\n".join(lines)
 
@@ -64,9 +67,14 @@ class WorkflowResult:
 def run(config: WorkflowConfig, spark: SparkSession | None = None,
         progress: Progress = print) -> WorkflowResult:
     """Run ``config``: load, split, then fit, evaluate, save and track each model."""
-    estimators = {str(m.name): build_estimator(m, config) for m in config.models}  # fail fast
+    # Fail fast: parameter names and values before Spark starts, their ranges (xgboost.spark's
+    # checks build a session when none is active: sparkdist's comes first) before any data.
+    estimators = {str(m.name): build_estimator(m, config, check=False) for m in config.models}
     _check_outputs(config)
     spark = spark or get_spark(app_name=f"sparkdist-{config.name}")
+    for m in config.models:
+        _check_ranges(m, estimators[str(m.name)])
+        _one_display(estimators[str(m.name)])
     progress(f"loading data ({_describe(config.data)})")
     parts = split(load_data(spark, config.data), **_split_kwargs(config))
     fit_on = training_split(list(parts))
@@ -88,9 +96,10 @@ def run(config: WorkflowConfig, spark: SparkSession | None = None,
     return result
 
 
-def build_estimator(model: ModelConfig, config: WorkflowConfig) -> Pipeline:
+def build_estimator(model: ModelConfig, config: WorkflowConfig, check: bool = True) -> Pipeline:
     """A Pipeline of the FeatureAssembler (when the config has features) and the model, its
-    label/features columns defaulting to the feature config's."""
+    label/features columns defaulting to the feature config's. ``check``: the model's range
+    checks too (some need a SparkSession: XGBoost's build one when none is active)."""
     import sparkdist.models
 
     estimator: Estimator = getattr(sparkdist.models, model.type)()
@@ -110,16 +119,31 @@ def build_estimator(model: ModelConfig, config: WorkflowConfig) -> Pipeline:
         except (TypeError, ValueError) as err:  # pyspark's type converter refused the value
             raise ConfigError(f"models[{model.name}].params.{key}: {value!r} is not a valid "
                               f"value ({_reason(err)}).") from None
-    check = getattr(estimator, "_check_params", None)  # ranges, on the driver, no data
+    stages: list[Any] = [estimator]
+    if config.features is not None:
+        stages.insert(0, FeatureAssembler(**config.features.model_dump()))
+    pipeline = Pipeline(stages=stages)
+    if check:
+        _check_ranges(model, pipeline)
+    return pipeline
+
+
+def _check_ranges(model: ModelConfig, pipeline: Pipeline) -> None:
+    """The model's own checks of its Params (ranges, on the driver, no data)."""
+    check = getattr(pipeline.getStages()[-1], "_check_params", None)
     if check is not None:
         try:
             check()
         except ParamError as err:
             raise ConfigError(f"models[{model.name}].params: {err}") from None
-    stages: list[Any] = [estimator]
-    if config.features is not None:
-        stages.insert(0, FeatureAssembler(**config.features.model_dump()))
-    return Pipeline(stages=stages)
+
+
+def _one_display(pipeline: Pipeline) -> None:
+    """The workflow reports progress itself: a model's own progress bar (TorchEstimator's
+    ``progress``) is off unless the config turns it on."""
+    final = pipeline.getStages()[-1]
+    if final.hasParam("progress") and not final.isSet("progress"):
+        final.set(final.getParam("progress"), False)
 
 
 def load_data(spark: SparkSession, data: DataConfig) -> DataFrame:

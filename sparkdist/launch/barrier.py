@@ -75,6 +75,10 @@ REPORT_LINE_LIMIT = 64 << 10
 _FIRST_LINE_S = 10.0
 #: Counted by tests and bench: the Spark barrier syncs a fit makes (the rendezvous only).
 SYNC_LOG_PREFIX = "sparkdist barrier sync"
+#: Set to 1 in the tasks' environment (in local mode: the driver's, before its JVM starts) and
+#: ranks keep their log lines for the error report without printing them: the make demo, whose
+#: local tasks print on the driver's console.
+ENV_QUIET_RANKS = "SPARKDIST_QUIET_RANKS"
 
 
 @dataclass(frozen=True)
@@ -150,10 +154,12 @@ class WorkerContext:
         return found
 
     def log(self, message: str) -> None:
-        """Print to the executor's stderr and keep the line for the error tail."""
+        """Print to the executor's stderr (unless ``$SPARKDIST_QUIET_RANKS`` is 1) and keep the
+        line for the error tail."""
         line = f"[sparkdist rank {self.rank}] {message}"
         self._tail.append(line)
-        print(line, file=sys.stderr, flush=True)
+        if os.environ.get(ENV_QUIET_RANKS) != "1":
+            print(line, file=sys.stderr, flush=True)
 
     def tail(self) -> str:
         return "\n".join(self._tail)

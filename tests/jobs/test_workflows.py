@@ -34,7 +34,7 @@ def _last_json(text: str) -> dict:
 
 @pytest.fixture(scope="module")
 def churn_run(spark, tmp_path_factory):
-    """The make demo config (three models), tracked in a temporary sqlite store."""
+    """The make demo's churn config (four models), tracked in a temporary sqlite store."""
     tmp = tmp_path_factory.mktemp("churn")
     config = _config(tmp, "churn.yaml")
     return tmp, config
@@ -47,7 +47,7 @@ def test_churn_config_end_to_end(churn_run, capsys):
     out = capsys.readouterr().out
     report = _last_json(out)
     assert set(report["metrics"]) == {"LogisticRegression", "RandomForestClassifier",
-                                      "XGBoostClassifier"}
+                                      "XGBoostClassifier", "TorchEstimator"}
     for name, metrics in report["metrics"].items():
         assert metrics["auc"] > 0.75, name
         assert 0 < metrics["logloss"] < 0.69, name  # better than a coin

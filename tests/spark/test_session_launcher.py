@@ -80,3 +80,20 @@ def test_without_a_launcher_master_the_arguments_apply(tmp_path):
     assert seen["spark.master"] == "local[2]"
     assert seen["spark.x"] == "from-code" and seen["spark.driver.host"] == "127.0.0.1"
     assert seen["spark.sql.shuffle.partitions"] == "5"
+
+
+BAR = """
+import json
+from sparkdist.session import get_spark
+spark = get_spark(master="local[1]")
+print("RESULT " + json.dumps({"bar": spark.conf.get("spark.ui.showConsoleProgress", None)}))
+spark.stop()
+"""
+
+
+def test_console_progress_bar_is_off_unless_the_launcher_turns_it_on(tmp_path):
+    # pyspark's own gateway is a "pyspark-shell", for which spark-submit turns the bar on when
+    # nobody chose: that is no choice; a --conf in PYSPARK_SUBMIT_ARGS is, and wins.
+    assert _run([sys.executable, "-c", BAR], tmp_path)["bar"] == "false"
+    asked = "--conf spark.ui.showConsoleProgress=true pyspark-shell"
+    assert _run([sys.executable, "-c", BAR], tmp_path, PYSPARK_SUBMIT_ARGS=asked)["bar"] == "true"
