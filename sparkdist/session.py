@@ -60,7 +60,7 @@ def get_spark(
     Examples
     --------
     >>> spark = get_spark(master="local[2]", conf={"spark.ui.enabled": "false"})
-    >>> remote = get_spark(remote="sc://localhost:15002")
+    >>> remote = get_spark(remote="sc://localhost:15002")  # a Connect server  # doctest: +SKIP
     """
     from pyspark.sql import SparkSession
 
@@ -118,8 +118,12 @@ def launcher_conf() -> dict[str, str]:
 
     Examples
     --------
-    >>> launcher_conf()  # PYSPARK_SUBMIT_ARGS="--master local[1] pyspark-shell"
-    {'spark.master': 'local[1]', 'spark.submit.deployMode': 'client', ...}
+    >>> conf = launcher_conf()  # a plain Python process: no launcher chose a master
+    >>> "spark.master" in conf, conf["spark.submit.deployMode"]
+    (False, 'client')
+
+    With ``PYSPARK_SUBMIT_ARGS="--master local[1] pyspark-shell"`` set before the JVM
+    starts, ``conf["spark.master"]`` is ``'local[1]'``.
     """
     from pyspark import SparkConf, SparkContext
 

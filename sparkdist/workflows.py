@@ -2,9 +2,22 @@
 
 Examples
 --------
->>> from sparkdist.config import load_config
->>> result = run(load_config("jobs/configs/churn.yaml"))
+>>> from sparkdist.config import parse_config
+>>> config = parse_config({
+...     "name": "churn",
+...     "data": {"generate": {"dataset": "churn", "rows": 2000}},
+...     "features": {"numericCols": ["month_interaction_count"], "categoricalCols": ["plan"],
+...                  "labelCol": "cancelled_within_week"},
+...     "models": [{"type": "LogisticRegression", "params": {"maxIter": 10}}],
+...     "tracking": {"enabled": False}})
+>>> result = run(config, spark, progress=lambda line: None)  # progress: print by default
 >>> print(result.table())
+model                 fit s   accuracy        auc         f1    logloss     pr_auc
+--------...
+LogisticRegression ...
+
+From a file, as ``make demo`` does: ``run(load_config("jobs/configs/churn.yaml"))``
+(:func:`sparkdist.config.load_config`).
 """
 
 from __future__ import annotations
