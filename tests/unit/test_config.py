@@ -19,7 +19,7 @@ def with_(**changes):
 def test_shipped_configs_are_valid():
     churn = load_config("jobs/configs/churn.yaml")
     assert [m.name for m in churn.models] == [
-        "LogisticRegression", "RandomForestClassifier", "XGBoostClassifier"]
+        "LogisticRegression", "RandomForestClassifier", "XGBoostClassifier", "TorchEstimator"]
     assert load_config("jobs/configs/ratings_als.yaml").features is None
 
 
