@@ -253,13 +253,21 @@ def jvm_log_options() -> list[str]:
     if "log4j" not in named and not _has_log4j_file(_spark_conf_dir()):
         options.append(f"-Dlog4j2.configurationFile={_log4j2_file()}")
     if sys.platform.startswith("linux"):
-        from ctypes.util import find_library
-
         for lib, soname in _NETLIB.items():
-            if (f"dev.ludovic.netlib.{lib}." not in named
-                    and find_library(soname[3:].split(".so")[0]) is None):
+            if f"dev.ludovic.netlib.{lib}." not in named and not _loadable(soname):
                 options.append(f"-Ddev.ludovic.netlib.{lib}.allowNative=false")
     return options
+
+
+def _loadable(soname: str) -> bool:
+    """Whether the dynamic loader finds ``soname``: in ``$LD_LIBRARY_PATH`` or the ldconfig
+    cache (without loading it)."""
+    from ctypes.util import find_library
+
+    path = os.environ.get("LD_LIBRARY_PATH", "")
+    if any((Path(d) / soname).exists() for d in path.split(os.pathsep) if d):
+        return True
+    return find_library(soname[3:].split(".so")[0]) is not None
 
 
 def _has_log4j_file(conf_dir: Path | None) -> bool:
