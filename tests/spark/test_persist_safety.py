@@ -139,7 +139,8 @@ def test_tracking_load_model_uses_the_allowlist(spark, tmp_path, marker):
     uri = f"sqlite:///{tmp_path}/mlruns.db"
     evil = _plant(tmp_path / "evil" / "sparkml", _xgboost_spark_metadata(marker))
     mlflow.set_tracking_uri(uri)
-    with mlflow.start_run() as run:
+    # Its own experiment: an earlier test may have left another one active in this process.
+    with mlflow.start_run(experiment_id=mlflow.create_experiment("allowlist")) as run:
         mlflow.log_artifacts(str(evil), "model/sparkml")
     with pytest.raises(ModelLoadError, match="does not load"):
         tracking.load_model(run.info.run_id, uri=uri)
