@@ -150,10 +150,12 @@ def test_connections_beyond_the_cap_are_dropped(server):
     finally:
         for connection in idle:
             connection.close()
-    _wait_for(lambda: False, 0.3)
-    _send(port, _line({"epoch": 2, "token": token}))  # slots free again
-    _wait_for(lambda: len(seen) == 1)
-    assert seen == [{"epoch": 2}]
+    for _ in range(10):  # slots free again once the server has seen the idle ones close
+        _send(port, _line({"epoch": 2, "token": token}))
+        _wait_for(lambda: bool(seen), 2.0)
+        if seen:
+            break
+    assert seen and all(record == {"epoch": 2} for record in seen), seen
 
 
 def test_drops_are_counted_and_logged_once(caplog):
