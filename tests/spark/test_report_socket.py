@@ -144,9 +144,13 @@ def test_only_lines_with_the_token_and_within_the_limit_are_dispatched(server, c
 def test_connections_beyond_the_cap_are_dropped(server):
     port, token, seen = server
     idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(2)]  # the cap
-    try:
-        time.sleep(0.3)
-        _send(port, _line({"epoch": 1, "token": token}))  # refused while the two idle
+    try:  # accepted in order, so the third is over the cap: the server closes it unread
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as third:
+            third.sendall(_line({"epoch": 1, "token": token}))
+            try:  # closed with our line unread: an orderly close or a reset
+                assert third.recv(1) == b""
+            except ConnectionResetError:
+                pass
     finally:
         for connection in idle:
             connection.close()
