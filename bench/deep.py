@@ -206,7 +206,7 @@ def local_steps(input_dim: int, hidden: list[int], rows: int, steps: int) -> flo
     import torch
     import torch.nn.functional as F
 
-    from sparkdist.train.nets import MLP
+    from sparkdist.torchtrain.nets import MLP
 
     torch.set_num_threads(1)
     model = MLP(input_dim, 1, hidden)
@@ -247,7 +247,7 @@ def one_ddp_step(input_dim: int, hidden: list[int], batch_size: int, seed: int) 
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel
 
-    from sparkdist.train.nets import MLP
+    from sparkdist.torchtrain.nets import MLP
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")

@@ -70,7 +70,7 @@ print("split:", parts.metadata["counts"], "features:", len(assembler.featureName
 
 from sparkdist.models import TorchEstimator
 
-settings = dict(model="sparkdist.train.nets.MLP", modelKwargs={"hidden": [32, 16]},
+settings = dict(model="sparkdist.torchtrain.nets.MLP", modelKwargs={"hidden": [32, 16]},
                 labelCol="cancelled_within_week", loss="bce", learningRate=learning_rate,
                 batchSize=batch_size, numWorkers=num_workers, useGpu="auto", seed=seed,
                 progress=True)

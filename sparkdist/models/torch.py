@@ -2,7 +2,7 @@
 stage, batched inference on the executors.
 
 :class:`TorchEstimator` ``.fit(df)`` checks the input and the cluster on the driver, then runs
-:func:`sparkdist.train.loop.fit_worker` in ``numWorkers`` barrier tasks (torch
+:func:`sparkdist.torchtrain.loop.fit_worker` in ``numWorkers`` barrier tasks (torch
 DistributedDataParallel, or Horovod), each streaming its partition from a local Arrow file.
 Rank 0 sends every epoch's metrics to the driver while it trains (a progress bar; the history
 lands on the model) and returns the weights as bytes. :class:`TorchModel` ``.transform``
@@ -12,7 +12,7 @@ unchanged. A model saves its Params and history as JSON and its weights as a ``t
 state dict, loaded with ``weights_only=True``; the network class is stored by qualified name.
 
 The ``model`` and ``loss`` Params hold names. A class or function given in code is stored by
-its qualified name and recorded in this process (:func:`sparkdist.train.loop.to_name`), so
+its qualified name and recorded in this process (:func:`sparkdist.torchtrain.loop.to_name`), so
 ``setParams``, ``copy`` and CrossValidator grids train the class asked for. Before anything is
 called, the driver resolves ``model`` to an ``nn.Module`` subclass and ``loss`` to a built-in
 loss, an ``nn.Module`` loss class or a function given in code, and ships the resolved objects
@@ -31,7 +31,7 @@ Examples
 ...     FeatureAssembler(numericCols=["month_interaction_count", "week_interaction_count"],
 ...                      categoricalCols=["plan"], labelCol="cancelled_within_week",
 ...                      standardize=True),
-...     TorchEstimator(model="sparkdist.train.nets.MLP", modelKwargs={"hidden": [16]},
+...     TorchEstimator(model="sparkdist.torchtrain.nets.MLP", modelKwargs={"hidden": [16]},
 ...                    labelCol="cancelled_within_week", loss="bce", epochs=2, numWorkers=2)])
 >>> model = pipeline.fit(train)
 >>> history = model.stages[-1].history  # one record per epoch
@@ -73,7 +73,7 @@ from sparkdist.launch.preflight import preflight
 from sparkdist.models._classification import stable_seed
 from sparkdist.models._recovery import HasRecovery, content_hash, data_identity
 from sparkdist.persist import ParamsPersistence, PersistentModel
-from sparkdist.train import loop
+from sparkdist.torchtrain import loop
 
 _LOG = logging.getLogger(__name__)
 WEIGHTS_FILE = "weights.pt"
@@ -125,7 +125,7 @@ class _TorchParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasProbability
         super().__init__(*args)
         self._setDefault(featuresCol="features", labelCol="label", predictionCol="prediction",
                          probabilityCol="probability", rawPredictionCol="rawPrediction",
-                         model="sparkdist.train.nets.MLP", modelKwargs={}, loss="bce",
+                         model="sparkdist.torchtrain.nets.MLP", modelKwargs={}, loss="bce",
                          batchSize=256, useGpu="auto")
 
     def featureSource(self) -> list[str]:
@@ -296,7 +296,7 @@ class TorchEstimator(Estimator, _TorchParams, HasSeed, HasRecovery, ParamsPersis
         _one_of("optimizer", get("optimizer"), loop.OPTIMIZERS)
         _one_of("nanPolicy", get("nanPolicy"), NAN_POLICIES)
         _one_of("useGpu", get("useGpu"), USE_GPU)
-        from sparkdist.train.backends import BACKENDS, HOROVOD_INSTALL, horovod_available
+        from sparkdist.torchtrain.backends import BACKENDS, HOROVOD_INSTALL, horovod_available
 
         _one_of("backend", get("backend"), BACKENDS)
         if get("backend") == "horovod" and not horovod_available():

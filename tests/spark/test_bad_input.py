@@ -191,7 +191,7 @@ TORCH = [
 def _torch_model() -> Any:
     """A TorchModel taking 2 features, built without a fit (a fresh MLP's weights)."""
     from sparkdist.models import TorchModel
-    from sparkdist.train.nets import MLP
+    from sparkdist.torchtrain.nets import MLP
 
     return TorchModel._fitted(MLP(input_dim=2, output_dim=1).state_dict(),
                               {"input_dim": 2, "output_dim": 1, "num_classes": 2})

@@ -11,7 +11,7 @@ import pytest
 from sparkdist.datasets import make_nonlinear
 from sparkdist.exceptions import ParamError
 from sparkdist.models import TorchEstimator
-from sparkdist.train.backends import horovod_available
+from sparkdist.torchtrain.backends import horovod_available
 
 needs_horovod = pytest.mark.skipif(
     not horovod_available(),
@@ -67,7 +67,7 @@ def test_torch_and_horovod_backends_reach_the_same_weights(data):
 def test_slot_plan_matches_horovods_host_assignments():
     from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
 
-    from sparkdist.train.backends import _slot_plan
+    from sparkdist.torchtrain.backends import _slot_plan
 
     hosts = ("10.0.0.1", "10.0.0.1", "10.0.0.1", "10.0.0.2", "10.0.0.2")
     expected = get_host_assignments(parse_hosts("10.0.0.1:3,10.0.0.2:2"), len(hosts))

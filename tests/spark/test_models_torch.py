@@ -264,7 +264,7 @@ def test_vector_features_are_accepted(spark):
 # -- TorchModel.transform on features that do not fit the network (report D12: T9) ----------
 def _two_feature_model() -> TorchModel:
     """A TorchModel for 2 features (a fresh MLP's weights; no fit needed)."""
-    from sparkdist.train.nets import MLP
+    from sparkdist.torchtrain.nets import MLP
 
     return TorchModel._fitted(MLP(input_dim=2, output_dim=1).state_dict(),
                               {"input_dim": 2, "output_dim": 1, "num_classes": 2})

@@ -81,7 +81,7 @@ def test_a_notebook_class_scores_in_session_and_says_how_to_load_it_elsewhere(
     the executors' Python workers do not have."""
     from sparkdist.exceptions import ModelLoadError
     from sparkdist.models import TorchModel
-    from sparkdist.train import loop
+    from sparkdist.torchtrain import loop
 
     main_net = type("MainNet", (Narrow,), {"__module__": "__main__", "width": 4})
     model = TorchEstimator(model=main_net, epochs=1, batchSize=512, progress=False).fit(train)

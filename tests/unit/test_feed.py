@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from sparkdist.exceptions import SchemaError
-from sparkdist.train.feed import SpilledRows, spill, step_sizes
+from sparkdist.torchtrain.feed import SpilledRows, spill, step_sizes
 
 DIM = 4
 F32 = pa.float32()

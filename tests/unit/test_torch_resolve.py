@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from sparkdist.exceptions import ParamError
-from sparkdist.train import loop
+from sparkdist.torchtrain import loop
 
 
 class Net(torch.nn.Module):
@@ -30,11 +30,17 @@ def test_a_class_given_in_code_resolves_by_its_name_even_when_not_importable():
     assert name == f"{__name__}.test_a_class_given_in_code_resolves_by_its_name_even_when_" \
                    "not_importable.<locals>.make.<locals>.Local"
     assert loop.resolve_model(name) is local
-    assert loop.resolve_model("sparkdist.train.nets.MLP").__name__ == "MLP"
+    assert loop.resolve_model("sparkdist.torchtrain.nets.MLP").__name__ == "MLP"
+
+
+def test_a_model_saved_under_the_old_package_name_still_resolves():
+    from sparkdist.torchtrain.nets import MLP
+
+    assert loop.resolve_model("sparkdist.train.nets.MLP") is MLP
 
 
 @pytest.mark.parametrize("name", ["os.system", "builtins.print", "subprocess.Popen",
-                                  "sparkdist.train.loop.build_module"])
+                                  "sparkdist.torchtrain.loop.build_module"])
 def test_anything_but_an_nn_module_class_is_refused_as_model(name):
     with pytest.raises(ParamError, match=rf"model='{name}' is .*not an nn.Module subclass"):
         loop.resolve_model(name)

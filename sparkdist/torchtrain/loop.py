@@ -3,7 +3,7 @@ backend; plus the model, loss and optimizer specs it shares with the driver.
 
 Every rank runs the same number of steps per epoch whatever its partition holds: each epoch
 has ``ceil(rows / batchSize)`` steps and a rank takes its rows in proportional slices
-(:func:`sparkdist.train.feed.step_sizes`), so a small or empty partition gives small or empty
+(:func:`sparkdist.torchtrain.feed.step_sizes`), so a small or empty partition gives small or empty
 batches, never a missing collective. Each rank scales its summed loss by
 ``world_size / rows in this global step`` (every rank knows every rank's slice sizes from the
 row counts summed once at the start), so the averaged gradient is exactly the mean over the
@@ -24,13 +24,13 @@ from typing import TYPE_CHECKING, Any
 from sparkdist import failpoints
 from sparkdist.exceptions import ParamError, TrainingError
 from sparkdist.launch import gpus
-from sparkdist.train import resume
+from sparkdist.torchtrain import resume
 
 if TYPE_CHECKING:
     import torch
 
     from sparkdist.launch.barrier import WorkerContext
-    from sparkdist.train.feed import SpilledRows
+    from sparkdist.torchtrain.feed import SpilledRows
 
 LOSSES = {"bce": "classification", "cross_entropy": "classification", "mse": "regression"}
 OPTIMIZERS = {"adam": "Adam", "adamw": "AdamW", "sgd": "SGD", "rmsprop": "RMSprop"}
@@ -40,6 +40,9 @@ OPTIMIZERS = {"adam": "Adam", "adamw": "AdamW", "sgd": "SGD", "rmsprop": "RMSpro
 # The ``model`` and ``loss`` Params hold names; the driver resolves them here and ships the
 # resolved objects to the executors (by reference when importable, else by value through
 # cloudpickle), so executors never resolve a name.
+
+#: This package's name in models saved before it was renamed (``sparkdist.train.nets.MLP``).
+_OLD_PACKAGE = "sparkdist.train."
 
 #: Classes and functions given as objects in this process, by the name their Param holds.
 _REGISTRY: dict[str, Any] = {}
@@ -100,6 +103,8 @@ def _lookup(name: str, param: str) -> Any:
     top-level code, and Param values come from saved files too."""
     if name in _REGISTRY:
         return _REGISTRY[name]
+    if name.startswith(_OLD_PACKAGE):  # saved before the package was renamed
+        name = "sparkdist.torchtrain." + name[len(_OLD_PACKAGE):]
     module_name, _, attribute = name.rpartition(".")
     own = module_name == "sparkdist" or module_name.startswith("sparkdist.")
     try:
@@ -191,8 +196,8 @@ def fit_worker(context: WorkerContext, batches: Any, args: dict[str, Any]) -> by
     """Barrier-task entry point: spill the partition, join the group, train, return weights."""
     import torch
 
-    from sparkdist.train.backends import make_backend
-    from sparkdist.train.feed import spill
+    from sparkdist.torchtrain.backends import make_backend
+    from sparkdist.torchtrain.feed import spill
 
     torch.set_num_threads(max(1, context.cpus))
     started = time.perf_counter()
@@ -230,7 +235,7 @@ class _Trainer:
     def run(self, train: SpilledRows, validation: SpilledRows) -> bytes | None:
         import torch
 
-        from sparkdist.train.feed import step_sizes
+        from sparkdist.torchtrain.feed import step_sizes
 
         args, world = self.args, self.context.world_size
         counts = self._all_counts(train.num_rows, validation.num_rows)

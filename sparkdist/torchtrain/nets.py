@@ -25,7 +25,7 @@ class MLP(nn.Module):
     sizes filled in:
 
     >>> from sparkdist.models import TorchEstimator
-    >>> estimator = TorchEstimator(model="sparkdist.train.nets.MLP",
+    >>> estimator = TorchEstimator(model="sparkdist.torchtrain.nets.MLP",
     ...                            modelKwargs={"hidden": [64, 32]})
     """
 

@@ -1,1 +1,0 @@
-"""Executor-side training code: data feed, training loop, communication backends."""
