@@ -1,10 +1,12 @@
-"""Column checks shared by every stage: existence with suggestions, type families, and
-references to user-named columns that are safe for any name."""
+"""Checks shared by every stage: columns that exist (with suggestions), type families, Param
+values from a fixed set, non-empty input, and references to user-named columns that are safe
+for any name."""
 
 from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable
+from typing import Any
 
 from pyspark.sql import Column
 from pyspark.sql import functions as F
@@ -20,7 +22,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from sparkdist.exceptions import SchemaError
+from sparkdist.exceptions import ParamError, SchemaError
 
 
 def suggest(name: str, choices: Iterable[str]) -> str:
@@ -29,6 +31,45 @@ def suggest(name: str, choices: Iterable[str]) -> str:
     by_lower = {c.lower(): c for c in choices}
     close = difflib.get_close_matches(name.lower(), list(by_lower), n=1, cutoff=0.6)
     return f" Did you mean '{by_lower[close[0]]}'?" if close else ""
+
+
+def one_of_message(param: str, value: Any, allowed: Iterable[Any]) -> str:
+    """``"param=value is not one of [...]."`` plus a "did you mean" for a near miss, for
+    errors of any type (executor-side code raises its own).
+
+    >>> one_of_message("nullPolicy", "skp", ("error", "skip", "impute"))
+    "nullPolicy='skp' is not one of ['error', 'skip', 'impute']. Did you mean 'skip'?"
+    """
+    choices = list(allowed)
+    names = [str(c) for c in choices if c is not None]
+    return f"{param}={value!r} is not one of {choices}.{suggest(str(value), names)}"
+
+
+def check_one_of(param: str, value: Any, allowed: Iterable[Any]) -> None:
+    """Raise ParamError (:func:`one_of_message`) unless ``value`` is one of ``allowed``
+    (include None in ``allowed`` where None is a value of its own).
+
+    >>> check_one_of("device", "cpu", ("cpu", "cuda"))
+    >>> check_one_of("device", "disk", ("cpu", "cuda"))
+    Traceback (most recent call last):
+    ...
+    sparkdist.exceptions.ParamError: device='disk' is not one of ['cpu', 'cuda'].
+    """
+    choices = list(allowed)
+    if value not in choices:
+        raise ParamError(one_of_message(param, value, choices))
+
+
+def empty_data_error(owner: str) -> SchemaError:
+    """The SchemaError for a fit (or split) given no rows; ``owner`` names the call, e.g.
+    ``"ALS.fit"``.
+
+    >>> error = empty_data_error("split")
+    >>> type(error).__name__, str(error).split(";")[0]
+    ('SchemaError', 'split got an empty DataFrame (0 rows)')
+    """
+    return SchemaError(f"{owner} got an empty DataFrame (0 rows); check the filter or split "
+                       "that produced it.")
 
 
 def quoted(name: str) -> str:

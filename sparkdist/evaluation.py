@@ -17,8 +17,7 @@ from pyspark.ml.evaluation import (
 )
 from pyspark.sql import DataFrame
 
-from sparkdist.columns import col, require_columns
-from sparkdist.exceptions import ParamError
+from sparkdist.columns import check_one_of, col, require_columns
 
 TASKS = ("classification", "regression", "recommendation")
 
@@ -65,8 +64,7 @@ def task_of(model: Any) -> str:
             task = "recommendation"
         else:
             task = "regression"
-    if task not in TASKS:
-        raise ParamError(f"{type(model).__name__}.task={task!r} is not one of {TASKS}.")
+    check_one_of(f"{type(model).__name__}.task", task, TASKS)
     return task
 
 

@@ -31,7 +31,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import AtomicType, DataType, DoubleType, FloatType, StringType, StructType
 
-from sparkdist.columns import col, is_numeric, require_columns, suggest
+from sparkdist.columns import check_one_of, col, empty_data_error, is_numeric, require_columns
 from sparkdist.exceptions import ModelLoadError, ParamError, SchemaError
 from sparkdist.persist import ParamsPersistence, PersistentModel, load_model, save_model
 
@@ -128,10 +128,7 @@ class FeatureAssembler(Estimator, _FeatureAssemblerParams, ParamsPersistence):
         if not inputs:
             raise ParamError("FeatureAssembler needs at least one of numericCols, "
                              "categoricalCols or vectorCols.")
-        policy = self.getOrDefault(self.nullPolicy)
-        if policy not in NULL_POLICIES:
-            raise ParamError(f"nullPolicy={policy!r} is not one of {NULL_POLICIES}."
-                             f"{suggest(policy, NULL_POLICIES)}")
+        check_one_of("nullPolicy", self.getOrDefault(self.nullPolicy), NULL_POLICIES)
         columns = [name for _, name in inputs]
         repeated = sorted({c for c in columns if columns.count(c) > 1})
         if repeated:
@@ -172,8 +169,7 @@ class FeatureAssembler(Estimator, _FeatureAssemblerParams, ParamsPersistence):
         stats = row.asDict()
         rows = stats["rows"]
         if rows == 0:
-            raise SchemaError("FeatureAssembler.fit got an empty DataFrame (0 rows); "
-                              "check the filter or split that produced it.")
+            raise empty_data_error("FeatureAssembler.fit")
         infinite = {c: stats[f"inf{i}"] for i, c in enumerate(numeric)
                     if stats.get(f"inf{i}")}
         if infinite:

@@ -28,7 +28,16 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import FractionalType, MapType
 
-from sparkdist.columns import col, is_discrete, is_temporal, quoted, require_columns, suggest
+from sparkdist.columns import (
+    check_one_of,
+    col,
+    empty_data_error,
+    is_discrete,
+    is_temporal,
+    quoted,
+    require_columns,
+    suggest,
+)
 from sparkdist.exceptions import ParamError, SchemaError
 
 METHODS = ("random", "stratified", "time", "group", "cold_start")
@@ -100,8 +109,7 @@ def split(df: DataFrame, fractions: Mapping[str, float], method: str = "random",
     columns = _check_method(df, method, keyCols=keyCols, labelCol=labelCol, timeCol=timeCol,
                             groupCol=groupCol, userCol=userCol, itemCol=itemCol)
     if df.isEmpty():
-        raise SchemaError("split got an empty DataFrame (0 rows); check the filter or source "
-                          "that produced it.")
+        raise empty_data_error("split")
     info: dict[str, Any] = {"method": method, "seed": seed, "fractions": dict(fractions),
                             **columns}
     if method == "random":
@@ -139,9 +147,7 @@ def _check_fractions(fractions: Mapping[str, float]) -> tuple[list[str], list[fl
 
 def _check_method(df: DataFrame, method: str, **cols: Any) -> dict[str, Any]:
     """Check the method, its required column parameters and their types; return them."""
-    if method not in METHODS:
-        raise ParamError(f"unknown split method={method!r}; use one of {METHODS}."
-                         f"{suggest(str(method), METHODS)}")
+    check_one_of("method", method, METHODS)
     for param in REQUIRED.get(method, ()):
         if not cols[param]:
             raise ParamError(f"method={method!r} needs {param}=<column name>.")

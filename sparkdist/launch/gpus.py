@@ -45,6 +45,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from sparkdist.columns import one_of_message
 from sparkdist.exceptions import TrainingError
 
 if TYPE_CHECKING:
@@ -228,7 +229,7 @@ def _use_gpu(value: Any) -> bool | str:
     text = str(value).strip().lower()
     if isinstance(value, (bool, str)) and text in ("true", "false", "auto"):
         return text if text == "auto" else text == "true"
-    raise TrainingError(f"useGpu={value!r} is not one of True, False, 'auto'.")
+    raise TrainingError(one_of_message("useGpu", value, (True, False, "auto")))
 
 
 def _record_plan(record: dict[str, Any], key: str, plan: Callable[[], DevicePlan]) -> None:

@@ -21,7 +21,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from sparkdist.columns import col, is_numeric, require_columns, suggest
+from sparkdist.columns import check_one_of, col, is_numeric, require_columns
 from sparkdist.exceptions import ParamError, SchemaError
 from sparkdist.features import split
 from sparkdist.models._labels import check_label
@@ -134,10 +134,7 @@ def check_input_columns(stage: Params, schema: StructType) -> None:
 def check_classifier_params(stage: Params) -> None:
     """Unknown classWeight / thresholdMetric values and a validationFraction outside (0, 1)."""
     for name, allowed in (("classWeight", CLASS_WEIGHTS), ("thresholdMetric", THRESHOLD_METRICS)):
-        value = stage.getOrDefault(name)
-        if value is not None and value not in allowed:
-            raise ParamError(f"{name}={value!r} is not supported; use None or one of "
-                             f"{allowed}.{suggest(str(value), allowed)}")
+        check_one_of(name, stage.getOrDefault(name), (None, *allowed))
     fraction = stage.getOrDefault("validationFraction")
     if not 0.0 < fraction < 1.0:
         raise ParamError(f"validationFraction={fraction!r} must be in (0, 1), e.g. 0.2; it is "

@@ -11,7 +11,7 @@ from typing import Any
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from sparkdist.columns import col
+from sparkdist.columns import col, empty_data_error
 from sparkdist.exceptions import SchemaError
 
 
@@ -39,8 +39,7 @@ def check_label(dataset: DataFrame, label: str, owner: str, classes: bool,
                         *extra).first()
     assert stats is not None
     if stats["rows"] == 0:
-        raise SchemaError(f"{owner}.fit got an empty DataFrame (0 rows); check the filter or "
-                          "split that produced it.")
+        raise empty_data_error(f"{owner}.fit")
     for key, what, fix in (("missing", "null or NaN", "drop or fill"),
                            ("infinite", "infinite", "drop or clip")):
         if stats[key]:

@@ -27,6 +27,7 @@ from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.sql import functions as F
 
 from sparkdist import store
+from sparkdist.columns import check_one_of
 from sparkdist.exceptions import ClusterConfigError, ParamError
 from sparkdist.store import Checkpoints, PathExistsError
 
@@ -89,8 +90,7 @@ class HasRecovery(Params):
         for name, low in (("checkpointEvery", 1), ("keepCheckpoints", 1), ("maxRetries", 0)):
             if get(name) < low:
                 raise ParamError(f"{name}={get(name)}: use {low} or more.")
-        if get("resume") not in RESUME_MODES:
-            raise ParamError(f"resume={get('resume')!r} is not one of {list(RESUME_MODES)}.")
+        check_one_of("resume", get("resume"), RESUME_MODES)
         attempts = int(spark.conf.get("spark.stage.maxConsecutiveAttempts",
                                       str(SPARK_STAGE_ATTEMPTS)))
         if spark_retries and get("maxRetries") + 1 > attempts:

@@ -69,7 +69,7 @@ from pyspark.sql.types import ArrayType, BooleanType, NumericType, StructType
 
 from sparkdist import failpoints, store
 from sparkdist._params import keywords, unknown_param
-from sparkdist.columns import require_columns, suggest
+from sparkdist.columns import check_one_of, require_columns
 from sparkdist.exceptions import (
     ModelLoadError,
     ParamError,
@@ -339,9 +339,7 @@ class _XGBoostEstimator(Estimator, HasRecovery, ParamsPersistence):
         workers, device = self.getOrDefault("num_workers"), self.getOrDefault("device")
         if workers < 1:
             raise ParamError(f"num_workers={workers}: use 1 or more.")
-        if device not in DEVICES:
-            raise ParamError(f"device={device!r} is not one of {DEVICES}."
-                             f"{suggest(str(device), DEVICES)}")
+        check_one_of("device", device, DEVICES)
         try:  # xgboost.spark's own cross-checks (tree_method, early stopping, GPU conf)
             self._xgboost_estimator()._validate_params()
         except ValueError as err:

@@ -90,7 +90,7 @@ def test_use_gpu_strings_as_the_param_converter_leaves_them(value, device):
 
 @pytest.mark.parametrize("value", [1, 0, "yes", None])
 def test_use_gpu_other_values_are_refused(value):
-    with pytest.raises(TrainingError, match="not one of True, False, 'auto'"):
+    with pytest.raises(TrainingError, match=r"not one of \[True, False, 'auto'\]"):
         device_plan(["0"], value, True, 1)
 
 
