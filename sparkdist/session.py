@@ -402,10 +402,14 @@ def _default_conf(master: str) -> dict[str, str]:
     # One progress display: the caller's (sparkdist's workflow prints its own lines).
     conf = {"spark.sql.execution.arrow.pyspark.enabled": "true", _PROGRESS_BAR: "false"}
     if master.startswith("local"):
-        conf["spark.sql.shuffle.partitions"] = str(_local_cores(master))
+        executors, cores = local_layout(master)
+        conf["spark.sql.shuffle.partitions"] = str(executors * cores)
         # The hostname may resolve to an interface executors cannot reach; loopback always works.
         conf["spark.driver.host"] = "127.0.0.1"
         conf["spark.driver.bindAddress"] = "127.0.0.1"
+        # Python workers fork from a daemon that imported torch once (the executors run this
+        # Python here): a TorchEstimator task does not pay the import (sparkdist.launch.daemon)
+        conf["spark.python.daemon.module"] = "sparkdist.launch.daemon"
     return conf
 
 
@@ -417,17 +421,20 @@ def _local_env(master: str) -> None:
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 
-def _local_cores(master: str) -> int:
-    """Task slots of a local master: local -> 1, local[4] -> 4, local[*] -> CPUs,
-    local-cluster[2,1,1024] -> 2."""
+def local_layout(master: str) -> tuple[int, int]:
+    """(executors, cores each) of a local master: local -> (1, 1), local[4] / local[4,2] ->
+    (1, 4), local[*] -> (1, CPUs), local-cluster[2,3,M] -> (2, 3).
+
+    >>> local_layout("local-cluster[2,3,1024]"), local_layout("local[4,2]")
+    ((2, 3), (1, 4))
+    """
     if "[" not in master:
-        return 1
-    inner = master[master.find("[") + 1 : master.find("]")]
+        return 1, 1
+    fields = master[master.find("[") + 1 : master.find("]")].split(",")
     if master.startswith("local-cluster"):
-        workers, cores = inner.split(",")[:2]
-        return int(workers) * int(cores)
-    head = inner.split(",")[0]
-    return int(head) if head.isdigit() else (os.cpu_count() or 1)
+        return int(fields[0]), int(fields[1])
+    head = fields[0].strip()
+    return 1, int(head) if head.isdigit() else (os.cpu_count() or 1)
 
 
 def _env_conf() -> dict[str, str]:

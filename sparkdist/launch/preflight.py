@@ -27,13 +27,13 @@ sparkdist.exceptions.ClusterConfigError: numWorkers=8 exceeds the 2 task slots o
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from sparkdist.exceptions import ClusterConfigError, ParamError
+from sparkdist.session import local_layout
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -411,7 +411,7 @@ def configured_slots(conf: Mapping[str, str | None]) -> int | None:
 def _executor_layout(conf: Mapping[str, str | None], master: str) -> tuple[int, int] | None:
     """(executors, cores each) where the configuration says, else None."""
     if master.startswith("local"):
-        return _local_layout(master)
+        return local_layout(master)
     instances, cores = conf.get("spark.executor.instances"), conf.get("spark.executor.cores")
     if instances and cores:
         return int(instances), int(cores)
@@ -419,18 +419,6 @@ def _executor_layout(conf: Mapping[str, str | None], master: str) -> tuple[int, 
     if cap and cores:  # standalone hands out executors of `cores` until the cap
         return int(cap) // int(cores), int(cores)
     return None
-
-
-def _local_layout(master: str) -> tuple[int, int]:
-    """local -> (1, 1), local[4] / local[4,2] -> (1, 4), local[*] -> (1, CPUs),
-    local-cluster[2,3,M] -> (2, 3)."""
-    if "[" not in master:
-        return 1, 1
-    fields = master[master.find("[") + 1: master.find("]")].split(",")
-    if master.startswith("local-cluster"):
-        return int(fields[0]), int(fields[1])
-    head = fields[0].strip()
-    return 1, int(head) if head.isdigit() else (os.cpu_count() or 1)
 
 
 def _is_local_master(master: str) -> bool:

@@ -240,11 +240,3 @@ def test_show_prefers_display_and_falls_back_to_print(capsys, tmp_path):
     path.write_text(nb.HEADER + "\nfrom sparkdist import notebook as nb\nnb.show(42)\n")
     nb.run_notebook(path, namespace={"display": shown.append})
     assert shown == [42]
-
-
-def test_import_is_light():
-    code = ("import sys, sparkdist.notebook; print([m for m in ('pyspark', 'matplotlib', "
-            "'torch', 'mlflow', 'xgboost') if m in sys.modules])")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True)
-    assert out.stdout.strip() == "[]"

@@ -14,23 +14,25 @@ from sparkdist.exceptions import (
     SparkdistError,
     TrainingError,
 )
-from sparkdist.session import _env_conf, _local_cores
+from sparkdist.session import _env_conf, local_layout
+
+HEAVY = ("torch", "xgboost", "mlflow")
+#: What runs in a fresh interpreter, and the modules it must not load.
+LIGHT_IMPORTS = {
+    "top_level": ("import sparkdist", ("pyspark", *HEAVY)),
+    "features_datasets": ("import sparkdist, sparkdist.features, sparkdist.datasets", HEAVY),
+    "notebook": ("import sparkdist.notebook", ("pyspark", "matplotlib", *HEAVY)),
+    "xgboost_construction": ("import sparkdist.models as m; m.XGBoostClassifier(max_depth=3); "
+                             "m.XGBoostRegressor(num_workers=2).copy()", ("xgboost",)),
+}
 
 
-def test_import_loads_no_heavy_library():
-    code = (
-        "import sys, sparkdist, sparkdist.features, sparkdist.datasets;"
-        "heavy = [m for m in ('torch', 'xgboost', 'mlflow') if m in sys.modules];"
-        "print(','.join(heavy))"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == ""
-
-
-def test_top_level_import_is_lazy_about_spark():
-    code = "import sys, sparkdist; print('pyspark' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
+@pytest.mark.parametrize(("code", "heavy"), LIGHT_IMPORTS.values(), ids=LIGHT_IMPORTS.keys())
+def test_import_loads_nothing_heavy(code, heavy):
+    probe = f"{code}\nimport sys\nprint(sorted(m for m in {heavy!r} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "[]"
 
 
 def test_public_names_resolve():
@@ -52,11 +54,12 @@ def test_errors_are_typed(error, builtin):
 
 
 @pytest.mark.parametrize(
-    ("master", "cores"),
-    [("local[3]", 3), ("local", 1), ("local[4, 2]", 4), ("local-cluster[2,1,1024]", 2)],
+    ("master", "layout"),
+    [("local[3]", (1, 3)), ("local", (1, 1)), ("local[4, 2]", (1, 4)),
+     ("local-cluster[2,1,1024]", (2, 1))],
 )
-def test_local_cores(master, cores):
-    assert _local_cores(master) == cores
+def test_local_layout(master, layout):
+    assert local_layout(master) == layout
 
 
 def test_env_conf(monkeypatch):
