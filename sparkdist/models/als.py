@@ -36,33 +36,32 @@ import atexit
 import logging
 import shutil
 import tempfile
-from collections.abc import Sequence
-from functools import reduce
-from itertools import accumulate
 from typing import Any, ClassVar
 
 from pyspark import keyword_only
-from pyspark.ml.evaluation import RankingEvaluator, RegressionEvaluator
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.recommendation import ALS as _MLlibALS
 from pyspark.ml.recommendation import ALSModel as _MLlibALSModel
 from pyspark.ml.recommendation import _ALSModelParams as _MLlibALSModelParams
 from pyspark.ml.recommendation import _ALSParams as _MLlibALSParams
 from pyspark.ml.wrapper import JavaModel
-from pyspark.sql import Column, DataFrame, Row, SparkSession, Window
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import (
-    ArrayType,
-    DoubleType,
-    FloatType,
-    MapType,
-    NumericType,
-    StructType,
-)
 
 from sparkdist import store
-from sparkdist.columns import col, require_columns, suggest
-from sparkdist.exceptions import ClusterConfigError, ParamError, SchemaError
+from sparkdist.columns import check_one_of, col, require_columns
+from sparkdist.exceptions import ClusterConfigError
+from sparkdist.models._als_checks import check_ratings_input
+from sparkdist.models._als_ids import (
+    _I,
+    _R,
+    _U,
+    attach_index,
+    factors,
+    index_ids,
+    original_ids,
+)
+from sparkdist.models._als_metrics import check_k, ranking_metrics, rating_errors
 from sparkdist.models._classification import stable_seed
 from sparkdist.models._mllib import MLLIB_DIR, MLlibEstimator, MLlibModel
 from sparkdist.session import is_connect
@@ -75,10 +74,6 @@ _LOGGED: set[str] = set()
 DUPLICATE_POLICIES = ("error", "mean", "sum")
 COLD_START_STRATEGIES = ("drop", "nan")
 USER_INDEX_DIR, ITEM_INDEX_DIR = "user_index", "item_index"  # Parquet (id, index) mappings
-# Internal columns: the int indices MLlib sees, a join key and the rating it fits.
-_U, _I, _KEY, _R = "_sparkdist_user", "_sparkdist_item", "_sparkdist_key", "_sparkdist_rating"
-_BUCKETS = 64  # hash buckets that number the ids in parallel
-_MAX_IDS = 2**31 - 1  # MLlib ALS ids are ints
 
 
 class _ALSModelParams(_MLlibALSModelParams):
@@ -165,7 +160,7 @@ class ALS(MLlibEstimator, _ALSParams):
         self._validate(dataset)
         if self.getCheckpointInterval() >= 1:  # first: on Spark Connect it may refuse
             ensure_checkpoint_dir(dataset.sparkSession)
-        users, items = _index_ids(dataset, [self.getUserCol(), self.getItemCol()])
+        users, items = index_ids(dataset, [self.getUserCol(), self.getItemCol()])
         inner = self._fit_mllib(self._indexed_ratings(dataset, users, items),
                                 userCol=_U, itemCol=_I, ratingCol=_R)
         model = ALSModel(inner, users, items)
@@ -174,35 +169,10 @@ class ALS(MLlibEstimator, _ALSParams):
 
     # -- validation ----------------------------------------------------------------------
     def _validate(self, dataset: DataFrame) -> None:
-        _check_choice("duplicatePolicy", self.getDuplicatePolicy(), DUPLICATE_POLICIES)
-        _check_choice("coldStartStrategy", self.getColdStartStrategy(), COLD_START_STRATEGIES)
-        user, item, rating = self.getUserCol(), self.getItemCol(), self.getRatingCol()
-        _check_id_column(dataset, user, "userCol")
-        _check_id_column(dataset, item, "itemCol")
-        if rating:
-            require_columns(dataset.schema, [rating], "ratingCol")
-            if not isinstance(dataset.schema[rating].dataType, NumericType):
-                kind = dataset.schema[rating].dataType.simpleString()
-                raise SchemaError(f"ratingCol: column '{rating}' has type {kind}, not numeric; "
-                                  f"cast it first, e.g. F.col('{rating}').cast('double').")
-        stats = _value_stats(dataset, user, item, rating)
-        if not stats["rows"]:
-            raise SchemaError("ALS got an empty DataFrame (0 rows); check the filter or split "
-                              "that produced it.")
-        for param, name, key in (("userCol", user, "u"), ("itemCol", item, "i")):
-            if stats[key]:
-                raise SchemaError(f"{param}: column '{name}' is null in {stats[key]} of "
-                                  f"{stats['rows']} rows; every rating needs an id. Drop them "
-                                  f"first: df.dropna(subset=['{name}']).")
-        if rating:
-            _check_ratings(stats, rating, self.getImplicitPrefs())
-        if stats["pairs"] and self.getDuplicatePolicy() == "error":
-            u, i, n = stats["example"]
-            raise SchemaError(
-                f"{stats['pairs']} (user, item) pairs of columns ('{user}', '{item}') occur more "
-                f"than once, e.g. ({u!r}, {i!r}) has {n} rows. Set duplicatePolicy='mean' to "
-                "average them or 'sum' to add them (e.g. implicit counts), or deduplicate "
-                "first.")
+        check_one_of("duplicatePolicy", self.getDuplicatePolicy(), DUPLICATE_POLICIES)
+        check_one_of("coldStartStrategy", self.getColdStartStrategy(), COLD_START_STRATEGIES)
+        check_ratings_input(dataset, self.getUserCol(), self.getItemCol(), self.getRatingCol(),
+                            self.getImplicitPrefs(), self.getDuplicatePolicy())
 
     # -- preparation ---------------------------------------------------------------------
     def _indexed_ratings(self, dataset: DataFrame, users: DataFrame,
@@ -215,7 +185,7 @@ class ALS(MLlibEstimator, _ALSParams):
         if policy != "error":  # "error" has already proved there are none
             merge = F.avg if policy == "mean" else F.sum
             pairs = pairs.groupBy(col(user), col(item)).agg(merge(_R).cast("float").alias(_R))
-        pairs = _attach_index(_attach_index(pairs, user, users, _U), item, items, _I)
+        pairs = attach_index(attach_index(pairs, user, users, _U), item, items, _I)
         return pairs.select(_U, _I, _R)
 
 
@@ -253,12 +223,12 @@ class ALSModel(MLlibModel, _ALSModelParams):
     @property
     def userFactors(self) -> DataFrame:
         """(userCol, features) with the original user ids."""
-        return _factors(self.mllib_model.userFactors, self._mapping(_U), self.getUserCol())
+        return factors(self.mllib_model.userFactors, self._mapping(_U), self.getUserCol())
 
     @property
     def itemFactors(self) -> DataFrame:
         """(itemCol, features) with the original item ids."""
-        return _factors(self.mllib_model.itemFactors, self._mapping(_I), self.getItemCol())
+        return factors(self.mllib_model.itemFactors, self._mapping(_I), self.getItemCol())
 
     def _mapping(self, which: str) -> DataFrame:
         mapping = self._users if which == _U else self._items
@@ -266,7 +236,7 @@ class ALSModel(MLlibModel, _ALSModelParams):
         return mapping
 
     def _transform(self, dataset: DataFrame) -> DataFrame:
-        _check_choice("coldStartStrategy", self.getColdStartStrategy(), COLD_START_STRATEGIES)
+        check_one_of("coldStartStrategy", self.getColdStartStrategy(), COLD_START_STRATEGIES)
         return self.mllib_model.transform(self._with_indices(dataset)).drop(_U, _I)
 
     def _with_indices(self, dataset: DataFrame) -> DataFrame:
@@ -274,8 +244,8 @@ class ALSModel(MLlibModel, _ALSModelParams):
         user, item = self.getUserCol(), self.getItemCol()
         require_columns(dataset.schema, [user], "userCol")
         require_columns(dataset.schema, [item], "itemCol")
-        indexed = _attach_index(dataset, user, self._mapping(_U), _U)
-        return _attach_index(indexed, item, self._mapping(_I), _I)
+        indexed = attach_index(dataset, user, self._mapping(_U), _U)
+        return attach_index(indexed, item, self._mapping(_I), _I)
 
     # -- recommendations -------------------------------------------------------------------
     def recommendForAllUsers(self, numItems: int) -> DataFrame:
@@ -288,8 +258,8 @@ class ALSModel(MLlibModel, _ALSModelParams):
         Row(user_id='u00004', recommendations=[Row(item_id='i0011', rating=3.89...),
                                                Row(item_id='i0005', rating=3.87...)])
         """
-        _check_k("numItems", numItems)
-        return self._original_ids(self.mllib_model.recommendForAllUsers(numItems), _U)
+        check_k("numItems", numItems)
+        return self._original(self.mllib_model.recommendForAllUsers(numItems), _U)
 
     def recommendForAllItems(self, numUsers: int) -> DataFrame:
         """Top ``numUsers`` users of every item: (itemCol, recommendations of (userCol,
@@ -300,8 +270,8 @@ class ALSModel(MLlibModel, _ALSModelParams):
         >>> model.recommendForAllItems(2).columns
         ['item_id', 'recommendations']
         """
-        _check_k("numUsers", numUsers)
-        return self._original_ids(self.mllib_model.recommendForAllItems(numUsers), _I)
+        check_k("numUsers", numUsers)
+        return self._original(self.mllib_model.recommendForAllItems(numUsers), _I)
 
     def recommendForUserSubset(self, dataset: DataFrame, numItems: int) -> DataFrame:
         """Top ``numItems`` items for each distinct user of ``dataset`` that the model knows
@@ -312,9 +282,9 @@ class ALSModel(MLlibModel, _ALSModelParams):
         >>> model.recommendForUserSubset(test.where("user_id = 'u00001'"), 5).count()
         1
         """
-        _check_k("numItems", numItems)
+        check_k("numItems", numItems)
         known = self._subset(dataset, self.getUserCol(), _U)
-        return self._original_ids(self.mllib_model.recommendForUserSubset(known, numItems), _U)
+        return self._original(self.mllib_model.recommendForUserSubset(known, numItems), _U)
 
     def recommendForItemSubset(self, dataset: DataFrame, numUsers: int) -> DataFrame:
         """Top ``numUsers`` users for each distinct item of ``dataset`` that the model knows.
@@ -324,30 +294,18 @@ class ALSModel(MLlibModel, _ALSModelParams):
         >>> model.recommendForItemSubset(test, 5).columns
         ['item_id', 'recommendations']
         """
-        _check_k("numUsers", numUsers)
+        check_k("numUsers", numUsers)
         known = self._subset(dataset, self.getItemCol(), _I)
-        return self._original_ids(self.mllib_model.recommendForItemSubset(known, numUsers), _I)
+        return self._original(self.mllib_model.recommendForItemSubset(known, numUsers), _I)
 
     def _subset(self, dataset: DataFrame, name: str, index: str) -> DataFrame:
         require_columns(dataset.schema, [name], "userCol" if index == _U else "itemCol")
         ids = dataset.select(col(name)).distinct()
-        return _attach_index(ids, name, self._mapping(index), index).where(F.col(index) >= 0)
+        return attach_index(ids, name, self._mapping(index), index).where(F.col(index) >= 0)
 
-    def _original_ids(self, recs: DataFrame, key: str) -> DataFrame:
-        """Map MLlib's (index, array<struct<other index, rating>>) back to the original ids,
-        keeping each array's order."""
-        other = _I if key == _U else _U
-        key_name, other_name = ((self.getUserCol(), self.getItemCol()) if key == _U
-                                else (self.getItemCol(), self.getUserCol()))
-        flat = recs.select(key, F.posexplode("recommendations").alias("pos", "rec")).select(
-            key, "pos", F.col(f"rec.{other}").alias(other), F.col("rec.rating").alias("rating"))
-        flat = _to_original(flat, other, self._mapping(other), other_name)
-        ranked = flat.groupBy(key).agg(
-            F.sort_array(F.collect_list(F.struct("pos", col(other_name), "rating"))).alias("recs"))
-        recs = ranked.select(key, F.transform("recs", lambda r: F.struct(
-            r[other_name].alias(other_name), r["rating"].alias("rating"))).alias("recommendations"))
-        return _to_original(recs, key, self._mapping(key), key_name).select(
-            col(key_name), "recommendations")
+    def _original(self, recs: DataFrame, key: str) -> DataFrame:
+        names = {_U: self.getUserCol(), _I: self.getItemCol()}
+        return original_ids(recs, key, names, {_U: self._mapping(_U), _I: self._mapping(_I)})
 
     # -- evaluation ------------------------------------------------------------------------
     def rankingMetrics(self, dataset: DataFrame, k: int = 10,
@@ -376,7 +334,7 @@ class ALSModel(MLlibModel, _ALSModelParams):
         {'precision@5': 0.02, 'recall@5': 0.07, 'ndcg@5': 0.04, 'map@5': 0.03, 'rmse': 0.94,
          'mae': 0.69}
         """
-        _check_k("k", k)
+        check_k("k", k)
         user, item, rating = self.getUserCol(), self.getItemCol(), self.getRatingCol()
         for param, name in (("userCol", user), ("itemCol", item), ("ratingCol", rating)):
             require_columns(dataset.schema, [name], param)
@@ -385,56 +343,13 @@ class ALSModel(MLlibModel, _ALSModelParams):
                  .where(F.col(_R).isNotNull() & ~F.isnan(F.col(_R).cast("double")))
                  .where((F.col(_U) >= 0) & (F.col(_I) >= 0)).cache())
         try:
-            metrics = self._ranking(known, k, relevanceThreshold)
+            metrics = ranking_metrics(self.mllib_model, known, k, relevanceThreshold,
+                                      self.getImplicitPrefs())
             if not self.getImplicitPrefs():
-                metrics.update(self._rating_errors(known))
+                metrics.update(rating_errors(self.mllib_model, known, self.getPredictionCol()))
             return metrics
         finally:
             known.unpersist()
-
-    def _ranking(self, known: DataFrame, k: int, threshold: float | None) -> dict[str, float]:
-        r = F.col(_R)
-        if threshold is not None:
-            relevant = r >= float(threshold)
-        elif self.getImplicitPrefs():
-            relevant = r > 0
-        else:
-            relevant = r >= F.avg(r).over(Window.partitionBy(_U))
-        truth = (known.withColumn("_relevant", relevant).where("_relevant").groupBy(_U)
-                 .agg(F.collect_set(F.col(_I).cast("double")).alias("label")))
-        recs = self.mllib_model.recommendForUserSubset(truth.select(_U), k)
-        top = recs.select(_U, F.transform("recommendations", lambda x: x[_I].cast("double"))
-                          .alias("prediction"))
-        scored = truth.join(top, _U).cache()
-        try:
-            if scored.isEmpty():
-                raise self._nothing_to_rank(known, threshold)
-            evaluator = RankingEvaluator(labelCol="label", predictionCol="prediction", k=k)
-            names = {"precision": "precisionAtK", "recall": "recallAtK", "ndcg": "ndcgAtK",
-                     "map": "meanAveragePrecisionAtK"}
-            return {f"{key}@{k}": evaluator.evaluate(scored, {evaluator.metricName: metric})
-                    for key, metric in names.items()}
-        finally:
-            scored.unpersist()
-
-    @staticmethod
-    def _nothing_to_rank(known: DataFrame, threshold: float | None) -> SchemaError:
-        if known.isEmpty():
-            return SchemaError("rankingMetrics: no row of the DataFrame has a rating and a user "
-                               "and item the model was trained on; evaluate on data that "
-                               "overlaps the training users and items (e.g. a cold_start "
-                               "split).")
-        return SchemaError(f"rankingMetrics: no user has a rating >= relevanceThreshold="
-                           f"{threshold}; lower the threshold.")
-
-    def _rating_errors(self, known: DataFrame) -> dict[str, float]:
-        predictions = self.mllib_model.setColdStartStrategy("drop").transform(known).cache()
-        evaluator = RegressionEvaluator(labelCol=_R, predictionCol=self.getPredictionCol())
-        try:
-            return {m: evaluator.evaluate(predictions, {evaluator.metricName: m})
-                    for m in ("rmse", "mae")}
-        finally:
-            predictions.unpersist()
 
     # -- persistence -----------------------------------------------------------------------
     def _save_artifacts(self, path: str) -> None:
@@ -452,120 +367,6 @@ class ALSModel(MLlibModel, _ALSModelParams):
         return cls(cls._mllib_model.load(files[MLLIB_DIR]),
                    spark.read.parquet(files[USER_INDEX_DIR]).cache(),
                    spark.read.parquet(files[ITEM_INDEX_DIR]).cache())
-
-
-# -- id mappings ---------------------------------------------------------------------------
-def _index_ids(dataset: DataFrame, cols: Sequence[str]) -> list[DataFrame]:
-    """(id, index) per column: its distinct ids numbered 0..n-1 in (hash bucket, id) order.
-
-    An index is a pure function of the set of ids, so recomputing it never changes it, and
-    it needs no RDD API (zipWithIndex), so it runs on Spark Connect. Hash buckets instead of
-    one global sort keep the numbering parallel (a window without a partition runs in one
-    task). Cached, because training and every transform join them.
-    """
-    bucket = F.pmod(F.xxhash64("id"), F.lit(_BUCKETS)).cast("int").alias("_bucket")
-    ids = [dataset.select(col(c).alias("id")).distinct().select("id", bucket) for c in cols]
-    counts = [d.groupBy("_bucket").count().withColumn("_col", F.lit(k))
-              for k, d in enumerate(ids)]
-    sizes: dict[int, dict[int, int]] = {k: {} for k in range(len(cols))}
-    for row in reduce(DataFrame.unionByName, counts).collect():  # one small job
-        sizes[row["_col"]][row["_bucket"]] = row["count"]
-    return [_numbered(d, sizes[k], col) for k, (d, col) in enumerate(zip(ids, cols))]
-
-
-def _numbered(ids: DataFrame, sizes: dict[int, int], col: str) -> DataFrame:
-    """Number ``ids`` (id, _bucket): the bucket's offset plus the id's rank in its bucket."""
-    if sum(sizes.values()) > _MAX_IDS:
-        raise SchemaError(f"column '{col}' has {sum(sizes.values())} distinct ids; MLlib ALS "
-                          f"supports at most {_MAX_IDS}.")
-    starts = list(accumulate((sizes.get(b, 0) for b in range(_BUCKETS - 1)), initial=0))
-    offset = F.element_at(F.array(*[F.lit(s) for s in starts]), F.col("_bucket") + 1)
-    rank = F.row_number().over(Window.partitionBy("_bucket").orderBy("id")) - 1
-    return ids.select("id", (offset + rank).cast("int").alias("index")).cache()
-
-
-def _attach_index(df: DataFrame, name: str, mapping: DataFrame, out: str) -> DataFrame:
-    """``df`` plus column ``out``: the index of ``df[name]`` in ``mapping``, -1 if absent.
-
-    Values of another type are cast to the mapping's id type; those that do not cast are
-    unknown too."""
-    id_type = mapping.schema["id"].dataType
-    key = col(name) if df.schema[name].dataType == id_type else col(name).try_cast(id_type)
-    lookup = mapping.select(F.col("id").alias(_KEY), F.col("index").alias(out))
-    joined = df.withColumn(_KEY, key).join(lookup, on=_KEY, how="left").drop(_KEY)
-    return joined.withColumn(out, F.coalesce(F.col(out), F.lit(-1)))
-
-
-def _to_original(df: DataFrame, index: str, mapping: DataFrame, name: str) -> DataFrame:
-    """Replace the index column ``index`` by the original id, named ``name``."""
-    lookup = mapping.select(F.col("index").alias(index), F.col("id").alias(name))
-    return df.join(lookup, on=index).drop(index)
-
-
-def _factors(factors: DataFrame, mapping: DataFrame, name: str) -> DataFrame:
-    """MLlib's (id, features) factors with the original ids in column ``name``."""
-    return _to_original(factors.withColumnRenamed("id", _KEY), _KEY, mapping, name).select(
-        col(name), "features")
-
-
-# -- checks ----------------------------------------------------------------------------------
-def _check_choice(param: str, value: str, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ParamError(f"{param}={value!r} is not supported; use one of {allowed}."
-                         f"{suggest(str(value), allowed)}")
-
-
-def _check_k(name: str, k: int) -> None:
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ParamError(f"{name}={k!r} must be a whole number >= 1, e.g. {name}=10.")
-
-
-def _check_id_column(dataset: DataFrame, name: str, param: str) -> None:
-    require_columns(dataset.schema, [name], param)
-    dtype = dataset.schema[name].dataType
-    if isinstance(dtype, (ArrayType, MapType, StructType)):
-        raise SchemaError(f"{param}: column '{name}' has type {dtype.simpleString()}; ids must "
-                          "be single values such as strings or integers.")
-
-
-def _check_ratings(stats: Any, rating: str, implicit: bool) -> None:
-    rows = stats["rows"]
-    if stats["null"]:
-        raise SchemaError(f"ratingCol: column '{rating}' is null in {stats['null']} of {rows} "
-                          f"rows; drop them (df.dropna(subset=['{rating}'])) or fill them "
-                          f"(df.fillna({{'{rating}': 0.0}})).")
-    if stats["nan"]:
-        raise SchemaError(f"ratingCol: column '{rating}' is NaN in {stats['nan']} of {rows} "
-                          f"rows; drop them first: df.where(~F.isnan('{rating}')).")
-    if stats["neg"] and not implicit:
-        raise SchemaError(f"ratingCol: column '{rating}' has {stats['neg']} negative ratings "
-                          f"(minimum {stats['min']}) while implicitPrefs=False; shift explicit "
-                          "ratings onto a non-negative scale (subtract the minimum), or set "
-                          "implicitPrefs=True if they are implicit signals.")
-
-
-def _value_stats(dataset: DataFrame, user: str, item: str, rating: str) -> Row:
-    """Rows, null ids, null/NaN/negative ratings and duplicate pairs, in one Spark job."""
-    r = col(rating) if rating else F.lit(1.0)
-    is_float = rating and isinstance(dataset.schema[rating].dataType, (FloatType, DoubleType))
-    # Grouped under internal names: "a.b" would read as a struct field in the second agg.
-    pairs = dataset.groupBy(col(user).alias(_U), col(item).alias(_I)).agg(
-        F.count(F.lit(1)).alias("n"), F.count_if(r.isNull()).alias("null"),
-        F.count_if(F.isnan(r) if is_float else F.lit(False)).alias("nan"),
-        F.count_if(r < 0).alias("neg"), F.min(r).alias("min"))
-    n = F.col("n")
-
-    def total(col: Column | str) -> Column:
-        return F.coalesce(F.sum(col), F.lit(0))
-
-    stats = pairs.agg(
-        total(n).alias("rows"), total(F.when(F.col(_U).isNull(), n)).alias("u"),
-        total(F.when(F.col(_I).isNull(), n)).alias("i"), total("null").alias("null"),
-        total("nan").alias("nan"), total("neg").alias("neg"), F.min("min").alias("min"),
-        F.count_if(n > 1).alias("pairs"),
-        F.min(F.when(n > 1, F.struct(_U, _I, "n"))).alias("example")).first()
-    assert stats is not None
-    return stats
 
 
 # -- checkpointing -------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from pyspark.sql.types import DoubleType, IntegerType, LongType, StringType
 from sparkdist.datasets import make_ratings, ratings
 from sparkdist.exceptions import ParamError, SchemaError
 from sparkdist.features import split
-from sparkdist.models import als as als_module
+from sparkdist.models import _als_ids
 from sparkdist.models.als import ALS, ALSModel
 from sparkdist.persist import data_dir
 
@@ -133,8 +133,8 @@ def test_numeric_ids_keep_value_and_type(small):
 
 def test_id_index_is_dense_and_deterministic(data):
     df = data[0]
-    [first] = als_module._index_ids(df.repartition(3), ["user_id"])
-    [second] = als_module._index_ids(df.repartition(5, "item_id"), ["user_id"])
+    [first] = _als_ids.index_ids(df.repartition(3), ["user_id"])
+    [second] = _als_ids.index_ids(df.repartition(5, "item_id"), ["user_id"])
     mapping = dict(rows(first, "id", "index"))
     assert mapping == dict(rows(second, "id", "index"))
     assert sorted(mapping.values()) == list(range(len(mapping)))

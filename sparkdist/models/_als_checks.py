@@ -1,0 +1,95 @@
+"""ALS input checks: id columns, the rating column and its values, and duplicate (user,
+item) pairs, from one aggregation job; typed errors that name the column and the fix."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyspark.sql import Column, DataFrame, Row
+from pyspark.sql import functions as F
+from pyspark.sql.types import ArrayType, DoubleType, FloatType, MapType, NumericType, StructType
+
+from sparkdist.columns import col, empty_data_error, require_columns
+from sparkdist.exceptions import SchemaError
+from sparkdist.models._als_ids import _I, _U
+
+
+def check_ratings_input(dataset: DataFrame, user: str, item: str, rating: str,
+                        implicit: bool, duplicate_policy: str) -> None:
+    """Refuse input no ALS fit can use: missing or non-atomic id columns, a non-numeric
+    rating column, no rows, null ids, null/NaN ratings, negative explicit ratings and, under
+    ``duplicatePolicy='error'``, repeated (user, item) pairs. ``rating=""`` rates every pair
+    1.0 (no rating column)."""
+    _check_id_column(dataset, user, "userCol")
+    _check_id_column(dataset, item, "itemCol")
+    if rating:
+        require_columns(dataset.schema, [rating], "ratingCol")
+        if not isinstance(dataset.schema[rating].dataType, NumericType):
+            kind = dataset.schema[rating].dataType.simpleString()
+            raise SchemaError(f"ratingCol: column '{rating}' has type {kind}, not numeric; "
+                              f"cast it first, e.g. F.col('{rating}').cast('double').")
+    stats = _value_stats(dataset, user, item, rating)
+    if not stats["rows"]:
+        raise empty_data_error("ALS.fit")
+    for param, name, key in (("userCol", user, "u"), ("itemCol", item, "i")):
+        if stats[key]:
+            raise SchemaError(f"{param}: column '{name}' is null in {stats[key]} of "
+                              f"{stats['rows']} rows; every rating needs an id. Drop them "
+                              f"first: df.dropna(subset=['{name}']).")
+    if rating:
+        _check_ratings(stats, rating, implicit)
+    if stats["pairs"] and duplicate_policy == "error":
+        u, i, n = stats["example"]
+        raise SchemaError(
+            f"{stats['pairs']} (user, item) pairs of columns ('{user}', '{item}') occur more "
+            f"than once, e.g. ({u!r}, {i!r}) has {n} rows. Set duplicatePolicy='mean' to "
+            "average them or 'sum' to add them (e.g. implicit counts), or deduplicate "
+            "first.")
+
+
+def _check_id_column(dataset: DataFrame, name: str, param: str) -> None:
+    require_columns(dataset.schema, [name], param)
+    dtype = dataset.schema[name].dataType
+    if isinstance(dtype, (ArrayType, MapType, StructType)):
+        raise SchemaError(f"{param}: column '{name}' has type {dtype.simpleString()}; ids must "
+                          "be single values such as strings or integers.")
+
+
+def _check_ratings(stats: Any, rating: str, implicit: bool) -> None:
+    rows = stats["rows"]
+    if stats["null"]:
+        raise SchemaError(f"ratingCol: column '{rating}' is null in {stats['null']} of {rows} "
+                          f"rows; drop them (df.dropna(subset=['{rating}'])) or fill them "
+                          f"(df.fillna({{'{rating}': 0.0}})).")
+    if stats["nan"]:
+        raise SchemaError(f"ratingCol: column '{rating}' is NaN in {stats['nan']} of {rows} "
+                          f"rows; drop them first: df.where(~F.isnan('{rating}')).")
+    if stats["neg"] and not implicit:
+        raise SchemaError(f"ratingCol: column '{rating}' has {stats['neg']} negative ratings "
+                          f"(minimum {stats['min']}) while implicitPrefs=False; shift explicit "
+                          "ratings onto a non-negative scale (subtract the minimum), or set "
+                          "implicitPrefs=True if they are implicit signals.")
+
+
+def _value_stats(dataset: DataFrame, user: str, item: str, rating: str) -> Row:
+    """Rows, null ids, null/NaN/negative ratings and duplicate pairs, in one Spark job."""
+    r = col(rating) if rating else F.lit(1.0)
+    is_float = rating and isinstance(dataset.schema[rating].dataType, (FloatType, DoubleType))
+    # Grouped under internal names: "a.b" would read as a struct field in the second agg.
+    pairs = dataset.groupBy(col(user).alias(_U), col(item).alias(_I)).agg(
+        F.count(F.lit(1)).alias("n"), F.count_if(r.isNull()).alias("null"),
+        F.count_if(F.isnan(r) if is_float else F.lit(False)).alias("nan"),
+        F.count_if(r < 0).alias("neg"), F.min(r).alias("min"))
+    n = F.col("n")
+
+    def total(col: Column | str) -> Column:
+        return F.coalesce(F.sum(col), F.lit(0))
+
+    stats = pairs.agg(
+        total(n).alias("rows"), total(F.when(F.col(_U).isNull(), n)).alias("u"),
+        total(F.when(F.col(_I).isNull(), n)).alias("i"), total("null").alias("null"),
+        total("nan").alias("nan"), total("neg").alias("neg"), F.min("min").alias("min"),
+        F.count_if(n > 1).alias("pairs"),
+        F.min(F.when(n > 1, F.struct(_U, _I, "n"))).alias("example")).first()
+    assert stats is not None
+    return stats
