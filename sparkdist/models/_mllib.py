@@ -140,6 +140,12 @@ def copy_shared_params(source: Params, target: _P) -> _P:
     return target
 
 
+def delegated(name: str, doc: str) -> Any:
+    """A read-only property that reads ``name`` from the fitted MLlib model (the wrapper's
+    ``mllib_model``), documented by ``doc``."""
+    return property(lambda self: getattr(self.mllib_model, name), doc=doc)
+
+
 class MLlibEstimator(Estimator, ParamsPersistence):
     """An Estimator that fits ``_mllib_estimator`` and returns ``_model_class``."""
 

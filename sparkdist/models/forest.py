@@ -8,13 +8,12 @@ randomises per process), so an unseeded forest is reproducible.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar
 
 from pyspark import keyword_only
 from pyspark.ml import classification as mllib_classification
 from pyspark.ml import regression as mllib_regression
 from pyspark.ml.base import _PredictorParams
-from pyspark.ml.linalg import Vector
 from pyspark.sql import DataFrame
 
 from sparkdist.models._classification import (
@@ -27,7 +26,7 @@ from sparkdist.models._classification import (
     stable_seed,
 )
 from sparkdist.models._labels import check_label
-from sparkdist.models._mllib import MLlibEstimator, MLlibModel
+from sparkdist.models._mllib import MLlibEstimator, MLlibModel, delegated
 
 
 class _RFClassifierParams(mllib_classification._ProbabilisticClassifierParams,
@@ -49,34 +48,13 @@ class _RFRegressorParams(_PredictorParams, mllib_regression._RandomForestRegress
 class _ForestModel:
     """What both forest models expose from the fitted MLlib ensemble."""
 
-    @property
-    def _forest(self) -> Any:  # an MLlib RandomForest{Classification,Regression}Model
-        return cast(MLlibModel, self).mllib_model
-
-    @property
-    def featureImportances(self) -> Vector:
-        """Importance of each feature, averaged over the trees and normalised to sum to 1."""
-        return self._forest.featureImportances
-
-    @property
-    def numFeatures(self) -> int:
-        """Length of the feature vectors the model expects."""
-        return self._forest.numFeatures
-
-    @property
-    def trees(self) -> list[Any]:
-        """The fitted decision trees (MLlib tree models)."""
-        return self._forest.trees
-
-    @property
-    def getNumTrees(self) -> int:
-        """Number of trees in the ensemble (a property, as on MLlib's forest models)."""
-        return self._forest.getNumTrees
-
-    @property
-    def treeWeights(self) -> list[float]:
-        """The weight of each tree's vote."""
-        return self._forest.treeWeights
+    featureImportances = delegated("featureImportances", "Importance of each feature, averaged "
+                                   "over the trees and normalised to sum to 1.")
+    numFeatures = delegated("numFeatures", "Length of the feature vectors the model expects.")
+    trees = delegated("trees", "The fitted decision trees (MLlib tree models).")
+    # a property, as on MLlib's forest models
+    getNumTrees = delegated("getNumTrees", "Number of trees in the ensemble.")
+    treeWeights = delegated("treeWeights", "The weight of each tree's vote.")
 
 
 # getNumTrees is a property on MLlib's forest models too (it shadows the Param getter there).
@@ -96,11 +74,7 @@ class RandomForestClassificationModel(_ForestModel, _TunedModel, MLlibModel,  # 
 
     _mllib_model = mllib_classification.RandomForestClassificationModel
     task: ClassVar[str] = "classification"
-
-    @property
-    def numClasses(self) -> int:
-        """Number of classes the model predicts."""
-        return self._forest.numClasses
+    numClasses = delegated("numClasses", "Number of classes the model predicts.")
 
 
 class RandomForestRegressionModel(_ForestModel, MLlibModel,  # type: ignore[misc]

@@ -7,11 +7,10 @@ drops into Pipelines, ParamGridBuilder grids and CrossValidator like
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar
 
 from pyspark import keyword_only
 from pyspark.ml import classification as mllib
-from pyspark.ml.linalg import Matrix, Vector
 
 from sparkdist.exceptions import ParamError
 from sparkdist.models._classification import (
@@ -21,7 +20,7 @@ from sparkdist.models._classification import (
     _TunedModel,
     set_given,
 )
-from sparkdist.models._mllib import MLlibEstimator, MLlibModel
+from sparkdist.models._mllib import MLlibEstimator, MLlibModel, delegated
 
 
 class _LRParams(mllib._LogisticRegressionParams, _ClassWeightParams, _ThresholdTuningParams):
@@ -46,40 +45,16 @@ class LogisticRegressionModel(_TunedModel, MLlibModel, _LRParams):
     _mllib_model = mllib.LogisticRegressionModel
     task: ClassVar[str] = "classification"
 
-    @property
-    def _lr(self) -> mllib.LogisticRegressionModel:
-        return cast(mllib.LogisticRegressionModel, self.mllib_model)
-
-    @property
-    def coefficients(self) -> Vector:
-        """Coefficient per feature of a binomial model (the model's feature weights, for
-        tracking next to a forest's ``featureImportances``)."""
-        return self._lr.coefficients
-
-    @property
-    def intercept(self) -> float:
-        """Intercept of a binomial model."""
-        return self._lr.intercept
-
-    @property
-    def coefficientMatrix(self) -> Matrix:
-        """Coefficients, one row per class (multinomial) or one row (binomial)."""
-        return self._lr.coefficientMatrix
-
-    @property
-    def interceptVector(self) -> Vector:
-        """Intercepts, one per class (multinomial) or one (binomial)."""
-        return self._lr.interceptVector
-
-    @property
-    def numClasses(self) -> int:
-        """Number of classes the model predicts."""
-        return self._lr.numClasses
-
-    @property
-    def numFeatures(self) -> int:
-        """Length of the feature vectors the model expects."""
-        return self._lr.numFeatures
+    coefficients = delegated("coefficients", "Coefficient per feature of a binomial model (the "
+                             "model's feature weights, for tracking next to a forest's "
+                             "``featureImportances``).")
+    intercept = delegated("intercept", "Intercept of a binomial model.")
+    coefficientMatrix = delegated("coefficientMatrix", "Coefficients, one row per class "
+                                  "(multinomial) or one row (binomial).")
+    interceptVector = delegated("interceptVector", "Intercepts, one per class (multinomial) or "
+                                "one (binomial).")
+    numClasses = delegated("numClasses", "Number of classes the model predicts.")
+    numFeatures = delegated("numFeatures", "Length of the feature vectors the model expects.")
 
 
 class LogisticRegression(_TunedClassifier, MLlibEstimator, _LRParams):
