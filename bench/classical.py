@@ -12,14 +12,10 @@ and test AUC difference). Prints one JSON line.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
-import statistics
-import time
 from collections.abc import Callable
 
 import numpy as np
+from _common import alternating, machine, start_spark, timed, write_result
 from pyspark.ml import classification as mllib_classification
 from pyspark.ml import recommendation as mllib_recommendation
 from pyspark.ml.functions import vector_to_array
@@ -29,24 +25,13 @@ from sparkdist import models
 from sparkdist.datasets import CHURN_COUNTS, CHURN_LABEL, churn, ratings
 from sparkdist.evaluation import classification_metrics
 from sparkdist.features import FeatureAssembler, split
-from sparkdist.session import get_spark
 
 LABEL = CHURN_LABEL
 
 
-def timed(fit: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    fit()
-    return time.perf_counter() - start
-
-
 def pair(ours: Callable[[], object], theirs: Callable[[], object], repeats: int) -> dict:
-    ours(), theirs()  # warm-up
-    a, b = [], []
-    for _ in range(repeats):
-        a.append(timed(ours))
-        b.append(timed(theirs))
-    ours_s, theirs_s = statistics.median(a), statistics.median(b)
+    medians = alternating({"ours": ours, "theirs": theirs}, repeats)
+    ours_s, theirs_s = medians["ours"], medians["theirs"]
     return {"sparkdist_s": round(ours_s, 3), "wrapped_s": round(theirs_s, 3),
             "ratio": round(ours_s / theirs_s, 3)}
 
@@ -82,8 +67,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    spark = get_spark(master=os.environ.get("SPARKDIST_MASTER", "local[2]"),
-                      conf={"spark.ui.enabled": "false"})
+    spark = start_spark("sparkdist-bench-classical")
     train, test = churn_features(spark, args.rows)
     figures: dict[str, object] = {"rows": args.rows, "repeats": args.repeats}
 
@@ -121,9 +105,8 @@ def main() -> None:
     figures["ratings_rows"] = rated.count()
     figures["als"] = pair(lambda: models.ALS(**als).fit(rated),
                           lambda: mllib_recommendation.ALS(**als).fit(rated), args.repeats)
-    figures["machine"] = (f"{os.cpu_count()} cores, Python {platform.python_version()}, "
-                          f"Spark {spark.version}, master {spark.sparkContext.master}")
-    print(json.dumps({"benchmark": "classical", **figures}))
+    figures["machine"] = machine(spark)
+    write_result("classical", figures)
 
 
 if __name__ == "__main__":

@@ -22,16 +22,13 @@ Prints one JSON line and saves it as bench/results/recovery.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
-RESULTS = Path(__file__).resolve().parent / "results" / "recovery.json"
+from _common import machine, start_spark, write_result
 
 
 def estimator(checkpoint_dir: str, epochs: int) -> Any:
@@ -64,15 +61,10 @@ def main() -> None:
     parser.add_argument("--fail-epoch", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-
+    spark = start_spark("sparkdist-bench-recovery", {"spark.sql.shuffle.partitions": "2"},
+                        master="local[2]")
     from sparkdist.datasets import make_nonlinear
-    from sparkdist.session import get_spark
 
-    spark = get_spark(master="local[2]", app_name="sparkdist-bench-recovery",
-                      conf={"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2",
-                            "spark.ui.showConsoleProgress": "false"})
     df = spark.createDataFrame(make_nonlinear(args.rows, seed=1, dim=16)).repartition(2).cache()
     df.count()
     started = time.perf_counter()
@@ -86,7 +78,7 @@ def main() -> None:
         steps = model.trainingSummary["steps_per_epoch"]
     interval = statistics.median(epoch_times)
     result: dict[str, Any] = {
-        "benchmark": "recovery", "rows": args.rows, "epochs": args.epochs, "workers": 2,
+        "rows": args.rows, "epochs": args.epochs, "workers": 2,
         "checkpoint_every_epochs": 1, "steps_per_epoch": steps, "repeats": args.repeats,
         "clean_fit_s": round(statistics.median(clean), 3), "interval_s": round(interval, 3)}
     for kind in ("raise", "kill"):
@@ -101,13 +93,9 @@ def main() -> None:
     result["note"] = (f"failure half-way through epoch {args.fail_epoch} of rank 1; ratio = "
                       "overhead_s / interval_s (one checkpoint interval = one epoch)")
     result["seconds"] = round(time.perf_counter() - started, 1)
-    result["machine"] = (f"{os.cpu_count()} cores, Python {platform.python_version()}, "
-                         f"Spark {spark.version}, master local[2]")
+    result["machine"] = machine(spark)
     spark.stop()
-    line = json.dumps(result)
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(line + "\n")
-    print(line)
+    write_result("recovery", result, save=True)
 
 
 if __name__ == "__main__":

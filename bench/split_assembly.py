@@ -2,7 +2,8 @@
 
 Both sides read the same cached churn DataFrame, split it 80/20, assemble the three
 interaction counts and write every assembled row to Spark's no-op sink; each side runs
---repeats times and the median counts. Prints one JSON line (rows/s and the time ratio).
+--repeats times (alternating, after one warm-up each) and the median counts. Prints one
+JSON line (rows/s and the time ratio).
 
     python bench/split_assembly.py [--rows 500000] [--repeats 3]
 """
@@ -10,18 +11,13 @@ interaction counts and write every assembled row to Spark's no-op sink; each sid
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
-import statistics
-import time
 
+from _common import alternating, machine, start_spark, write_result
 from pyspark.ml.feature import VectorAssembler
 from pyspark.sql import DataFrame
 
 from sparkdist.datasets import CHURN_COUNTS, CHURN_LABEL, churn
 from sparkdist.features import FeatureAssembler, split
-from sparkdist.session import get_spark
 
 
 def sparkdist_side(df: DataFrame) -> None:
@@ -40,37 +36,24 @@ def reference_side(df: DataFrame) -> None:
             "overwrite").save()
 
 
-def median_seconds(fn, df: DataFrame, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn(df)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rows", type=int, default=500_000)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    spark = get_spark(master=os.environ.get("SPARKDIST_MASTER", "local[2]"),
-                      conf={"spark.ui.enabled": "false"})
+    spark = start_spark("sparkdist-bench-split-assembly")
     df = churn(spark, n=args.rows, seed=0, partitions=4).cache()
     df.count()
-    sparkdist_side(df)  # warm-up: JIT and Python workers, for both sides alike
-    reference_side(df)
-    ours = median_seconds(sparkdist_side, df, args.repeats)
-    ref = median_seconds(reference_side, df, args.repeats)
-    print(json.dumps({
-        "benchmark": "split_assembly", "rows": args.rows, "repeats": args.repeats,
+    # the warm-up (JIT and Python workers) and the timed calls alternate between the sides
+    medians = alternating({"ours": lambda: sparkdist_side(df), "ref": lambda: reference_side(df)},
+                          args.repeats)
+    ours, ref = medians["ours"], medians["ref"]
+    write_result("split_assembly", {
+        "rows": args.rows, "repeats": args.repeats,
         "sparkdist_s": round(ours, 3), "reference_s": round(ref, 3),
         "sparkdist_rows_per_s": round(args.rows / ours),
         "reference_rows_per_s": round(args.rows / ref),
-        "time_ratio": round(ours / ref, 3),
-        "machine": f"{os.cpu_count()} cores, {platform.python_version()}, "
-                   f"Spark {spark.version}, master {spark.sparkContext.master}",
-    }))
+        "time_ratio": round(ours / ref, 3), "machine": machine(spark)})
 
 
 if __name__ == "__main__":
