@@ -25,9 +25,29 @@ os.environ.update(AWS_ENDPOINT_URL=f"http://127.0.0.1:{_free_port()}",
                   AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
                   AWS_DEFAULT_REGION="us-east-1")
 
+from contextlib import contextmanager  # noqa: E402
+
 import pytest  # noqa: E402
 
 SEED = 20261201
+
+
+@contextmanager
+def _cached(df):
+    """``df`` cached and materialised for the block, unpersisted after it."""
+    df = df.cache()
+    df.count()
+    try:
+        yield df
+    finally:
+        df.unpersist()
+
+
+@pytest.fixture(scope="session")
+def cached():
+    """The context manager ``cached(df)`` for module fixtures: ``with cached(df) as df:
+    yield df`` caches and counts ``df`` and unpersists it when the module is done."""
+    return _cached
 
 
 @pytest.fixture

@@ -21,11 +21,9 @@ SETTINGS = {"progress": False, "batchSize": 200, "learningRate": 0.01, "numWorke
 
 
 @pytest.fixture(scope="module")
-def data(spark):
-    df = spark.createDataFrame(make_nonlinear(2000, 3)).repartition(2).cache()
-    df.count()
-    yield df
-    df.unpersist()
+def data(spark, cached):
+    with cached(spark.createDataFrame(make_nonlinear(2000, 3)).repartition(2)) as df:
+        yield df
 
 
 @pytest.fixture(scope="module")

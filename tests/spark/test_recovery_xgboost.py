@@ -21,15 +21,13 @@ SETTINGS = {"labelCol": LABEL, "num_workers": 2, "max_depth": 3, "verbose": Fals
 
 
 @pytest.fixture(scope="module")
-def data(spark):
+def data(spark, cached):
     raw = churn(spark, n=2000, seed=3, partitions=2)
     assembler = FeatureAssembler(numericCols=["month_interaction_count",
                                               "week_interaction_count"],
                                  categoricalCols=["plan", "region"], labelCol=LABEL)
-    df = assembler.fit(raw).transform(raw).select("features", LABEL).cache()
-    df.count()
-    yield df
-    df.unpersist()
+    with cached(assembler.fit(raw).transform(raw).select("features", LABEL)) as df:
+        yield df
 
 
 @pytest.fixture(scope="module")
