@@ -38,6 +38,8 @@ from collections.abc import Iterator
 #: The Spark conf key, and this module's name as its value.
 CONF = "spark.python.daemon.module"
 MODULE = __name__ if __name__ != "__main__" else "sparkdist.launch.daemon"
+#: Set in the daemon's environment to the modules it preloaded; its workers inherit it.
+ENV_PRELOADED = "SPARKDIST_DAEMON_PRELOADED"
 #: Imported once in the daemon, inherited by every worker it forks.
 PRELOAD = (
     "pyspark.worker",
@@ -85,7 +87,7 @@ def _stdout_to_stderr() -> Iterator[None]:
 def main() -> None:
     """Preload, then run pyspark's own daemon loop (it reads the same ``sys.argv``)."""
     if not os.environ.get("PYSPARK_EXECUTOR_MEMORY_MB"):
-        preload()
+        os.environ[ENV_PRELOADED] = ",".join(preload())
     from pyspark import daemon
 
     daemon.manager()

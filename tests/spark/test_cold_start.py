@@ -1,0 +1,84 @@
+"""A cheap cold start: Spark's Python workers fork from a daemon that imported torch already
+(sparkdist.launch.daemon), and a local fit's rendezvous goes through the driver, not Spark's
+allGather (which sleeps in whole seconds)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sparkdist.launch import daemon
+
+
+def test_get_spark_sets_the_preloading_daemon_for_local_masters(spark):
+    assert spark.conf.get(daemon.CONF) == daemon.MODULE == "sparkdist.launch.daemon"
+
+
+def test_workers_fork_from_a_daemon_that_imported_torch(spark):
+    def worker_facts(batches):  # pickled by value: imports nothing before it runs
+        import json
+        import os
+        import sys
+
+        facts = {"torch": "torch" in sys.modules, "dynamo": "torch._dynamo" in sys.modules,
+                 "preloaded": os.environ.get("SPARKDIST_DAEMON_PRELOADED")}
+        parent = os.getppid()
+        with open(f"/proc/{parent}/cmdline", "rb") as cmdline:
+            facts["parent"] = cmdline.read().replace(b"\0", b" ").decode()
+        facts["parent_threads"] = len(os.listdir(f"/proc/{parent}/task"))
+        import pyarrow as pa
+
+        for _ in batches:
+            pass
+        yield pa.RecordBatch.from_pydict({"facts": [json.dumps(facts)]})
+
+    rows = spark.range(4, numPartitions=4).mapInArrow(worker_facts, "facts string").collect()
+    facts = [json.loads(row["facts"]) for row in rows]
+    for fact in facts:
+        # the worker's parent is sparkdist's daemon, which imported torch before forking it
+        assert "sparkdist.launch.daemon" in fact["parent"], fact
+        assert {"torch", "torch._dynamo", "sparkdist.torchtrain.loop"} <= set(
+            (fact["preloaded"] or "").split(",")), fact
+        assert fact["torch"] and fact["dynamo"], fact
+        # fork safety: the daemon runs no thread besides its main one (OpenBLAS's pool, the
+        # one thread an import started, is stopped by its own atfork handler)
+        assert fact["parent_threads"] == 1, fact
+
+
+def test_preloading_starts_no_thread_that_outlives_a_fork(tmp_path):
+    """In a fresh interpreter: after :func:`daemon.preload` and one fork, the parent runs a
+    single thread, and neither pyarrow nor pandas (which start threads) were imported."""
+    import subprocess
+    import sys
+
+    code = ("import os, sys, json\n"
+            "from sparkdist.launch import daemon\n"
+            "loaded = daemon.preload()\n"
+            "pid = os.fork()\n"
+            "if pid == 0:\n"
+            "    os._exit(0)\n"
+            "os.waitpid(pid, 0)\n"
+            "print(json.dumps({'loaded': loaded, 'threads': len(os.listdir('/proc/self/task')),"
+            " 'heavy': sorted({'pyarrow', 'pandas'} & set(sys.modules))}))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, check=True)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["loaded"] == list(daemon.PRELOAD)
+    assert result["threads"] == 1 and result["heavy"] == [], result
+
+
+@pytest.mark.parametrize("limit", ["", "512"])
+def test_daemon_preloads_nothing_under_a_python_memory_limit(limit, monkeypatch):
+    """``spark.executor.pyspark.memory`` caps each worker's address space: the daemon then
+    forks plain workers (torch's libraries would count against every worker's cap)."""
+    import os
+
+    calls = []
+    monkeypatch.setattr(daemon, "preload", lambda: calls.append(1) or ["torch"])
+    monkeypatch.setattr("pyspark.daemon.manager", lambda: None)
+    monkeypatch.setenv("PYSPARK_EXECUTOR_MEMORY_MB", limit)
+    monkeypatch.delenv(daemon.ENV_PRELOADED, raising=False)
+    daemon.main()
+    assert calls == ([] if limit else [1])
+    assert os.environ.get(daemon.ENV_PRELOADED) == (None if limit else "torch")
