@@ -1,4 +1,5 @@
-"""PyTorch-only training code, used by :class:`sparkdist.models.TorchEstimator`: the network
-and loss specs both sides share (``loop``), the executor-side data feed (``feed``), the training
-loop and its checkpoints (``loop``, ``resume``), the communication backends (``backends``) and
-the built-in networks (``nets``)."""
+"""PyTorch-only code behind :class:`sparkdist.models.TorchEstimator`: the driver's launch of the
+training stage (``launch``), the network and loss specs both sides share and the training loop
+(``loop``), its checkpoints (``resume``), the executor-side data feed (``feed``), the
+communication backends (``backends``), scoring (``inference``) and the built-in networks
+(``nets``)."""

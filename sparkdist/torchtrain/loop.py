@@ -12,6 +12,7 @@ global batch: the same maths on 1 or N workers.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 import io
@@ -200,6 +201,7 @@ def fit_worker(context: WorkerContext, batches: Any, args: dict[str, Any]) -> by
     from sparkdist.torchtrain.feed import spill
 
     torch.set_num_threads(max(1, context.cpus))
+    reset_peak_rss()
     started = time.perf_counter()
     train, validation = spill(batches, context.scratch)
     args = {**args, "spill_seconds": time.perf_counter() - started}
@@ -231,6 +233,7 @@ class _Trainer:
                  args: dict[str, Any]) -> None:
         self.context, self.backend, self.device, self.args = context, backend, device, args
         self.loss, self.loss_fn = args["loss"], args["loss_fn"]  # the name, what to call
+        self.clock = StepClock()
 
     def run(self, train: SpilledRows, validation: SpilledRows) -> bytes | None:
         import torch
@@ -239,7 +242,8 @@ class _Trainer:
 
         args, world = self.args, self.context.world_size
         counts = self._all_counts(train.num_rows, validation.num_rows)
-        self.steps = max(1, math.ceil(int(counts[:, 0].sum()) / args["batch_size"]))
+        # batchSize is per worker, as in DDP and Horovod: a step takes batchSize x world rows
+        self.steps = max(1, math.ceil(int(counts[:, 0].sum()) / (args["batch_size"] * world)))
         self.global_sizes: Any = sum(step_sizes(int(n), self.steps) for n in counts[:, 0])
         self.rows = (int(counts[:, 0].sum()), int(counts[:, 1].sum()))
         torch.manual_seed(args["seed"])  # identical initial weights on every rank
@@ -248,27 +252,32 @@ class _Trainer:
         resumed = self._resume_state()
         if resumed:
             module.load_state_dict(resumed["model"])
-        model = self.backend.wrap_model(module, self.device)
+        model = self.clock.watch(self.backend.wrap_model(module, self.device))
         optimizer = self.backend.wrap_optimizer(
             make_optimizer(args["optimizer"], module.parameters(), args["learning_rate"],
                            args["weight_decay"]), module)
         if resumed:
             optimizer.load_state_dict(resumed["optimizer"])
+        started = time.perf_counter()
         history, best = self._epochs(module, model, optimizer, train, validation, world,
                                      resumed or {})
+        ranks = self._all_ranks(time.perf_counter() - started)
         if self.context.rank != 0:
             return None
         state = best["state"] if best else module.state_dict()
         return pack_result(state, {"history": history, "best_epoch": best and best["epoch"],
                                    "rows": self.rows[0], "validation_rows": self.rows[1],
                                    "steps_per_epoch": self.steps, "world_size": world,
+                                   "batch_size": args["batch_size"],
+                                   "global_batch_size": args["batch_size"] * world,
                                    "spill_seconds": args["spill_seconds"],
-                                   "placement": self.context.placement,
-                                   "resumed_from_epoch": resumed and resumed["epoch"]})
+                                   "placement": self.context.placement, "ranks": ranks,
+                                   "resumed_from_epoch": resumed and resumed["epoch"],
+                                   "resumed_from_step": resumed and resumed.get("step", 0)})
 
     def _resume_state(self) -> dict[str, Any] | None:
         """The latest intact checkpoint of this run, the same one on every rank: rank 0
-        picks it and the others learn its epoch by one all-reduce."""
+        picks it and the others learn its number by one all-reduce."""
         import torch
 
         from sparkdist.store import Checkpoints
@@ -277,45 +286,51 @@ class _Trainer:
             return None
         store = Checkpoints(self.args["checkpoint_dir"], self.args["keep_checkpoints"])
         found = store.latest() if self.context.rank == 0 else None
-        chosen = torch.tensor([found[0] if found else 0], dtype=torch.float64)
-        epoch = int(self.backend.all_reduce_sum(chosen)[0])
-        if epoch == 0:
+        chosen = torch.tensor([found[0] + 1 if found else 0], dtype=torch.float64)
+        number = int(self.backend.all_reduce_sum(chosen)[0]) - 1
+        if number < 0:
             return None
-        payload = found[1] if found else store.read(epoch)
+        payload = found[1] if found else store.read(number)
         if payload is None:
-            raise TrainingError(f"rank {self.context.rank} cannot read checkpoint {epoch} "
+            raise TrainingError(f"rank {self.context.rank} cannot read checkpoint {number} "
                                 f"in {store.root} that rank 0 read.")
-        self.context.log(f"resuming from the checkpoint after epoch {epoch}")
-        return resume.decode(payload, self.args, f"{store.root} (epoch {epoch})")
+        state = resume.decode(payload, self.args, f"{store.root} (checkpoint {number})")
+        self.context.log(f"resuming after epoch {state['epoch']}, step {state['step']}")
+        return state
 
-    def _checkpoint(self, epoch: int, module: Any, optimizer: Any, history: list[dict],
-                    best: dict | None, stopped: bool) -> None:
-        """Rank 0 saves the state after ``epoch`` every ``checkpoint_every`` epochs and at
-        the end."""
+    def _checkpoint(self, epoch: int, step: int, module: Any, optimizer: Any,
+                    history: list[dict], best: dict | None, stopped: bool = False,
+                    partial_loss: float = 0.0) -> None:
+        """Rank 0 saves the state after ``epoch`` epochs and ``step`` steps of the next one,
+        numbered by the epochs completed: a mid-epoch checkpoint replaces the one of the
+        epoch it started from."""
         from sparkdist.store import Checkpoints
 
         args = self.args
         if self.context.rank != 0 or not args.get("checkpoint_dir"):
             return
-        if epoch % args["checkpoint_every"] and epoch < args["epochs"] and not stopped:
-            return
-        payload = resume.encode(epoch, module, optimizer, history, best, stopped, args)
+        payload = resume.encode(epoch, step, module, optimizer, history, best, stopped,
+                                partial_loss, args)
         Checkpoints(args["checkpoint_dir"], args["keep_checkpoints"]).save(epoch, payload)
+
+    def _epoch_checkpoint_due(self, epoch: int, stopped: bool) -> bool:
+        every = self.args["checkpoint_every"]
+        return stopped or epoch % every == 0 or epoch == self.args["epochs"]
 
     def _epochs(self, module: Any, model: Any, optimizer: Any, train: SpilledRows,
                 validation: SpilledRows, world: int,
                 resumed: dict[str, Any]) -> tuple[list[dict], dict | None]:
-        import torch
-
         args = self.args
         history, best = list(resumed.get("history", [])), resumed.get("best")
         if resumed.get("stopped"):
             return history, best
+        first_step, partial_loss = resumed.get("step", 0), resumed.get("partial_loss", 0.0)
         for epoch in range(resumed.get("epoch", 0), args["epochs"]):
-            torch.manual_seed(resume.epoch_seed(args["seed"], epoch, self.context.rank))
             started = time.perf_counter()
-            record = {"epoch": epoch + 1, "epochs": args["epochs"],
-                      "loss": self._train_epoch(model, optimizer, train, epoch, world),
+            loss = self._train_epoch(module, model, optimizer, train, epoch, world, history,
+                                     best, first_step, partial_loss)
+            first_step, partial_loss = 0, 0.0
+            record = {"epoch": epoch + 1, "epochs": args["epochs"], "loss": loss,
                       "seconds": time.perf_counter() - started}
             if self.rows[1]:
                 record.update(self._validate(module, validation))
@@ -327,32 +342,54 @@ class _Trainer:
                         "state": {k: v.detach().clone() for k, v in module.state_dict().items()}}
             patience = args["patience"]
             stopped = bool(best and patience and epoch + 1 - best["epoch"] >= patience)
-            self._checkpoint(epoch + 1, module, optimizer, history, best, stopped)
+            if self._epoch_checkpoint_due(epoch + 1, stopped):
+                self._checkpoint(epoch + 1, 0, module, optimizer, history, best, stopped)
             if stopped and best:
                 self.context.log(f"early stop after epoch {epoch + 1}: no better val_loss "
                                  f"for {patience} epochs (best epoch {best['epoch']})")
                 break
         return history, best
 
-    def _train_epoch(self, model: Any, optimizer: Any, train: SpilledRows, epoch: int,
-                     world: int) -> float:
+    def _train_epoch(self, module: Any, model: Any, optimizer: Any, train: SpilledRows,
+                     epoch: int, world: int, history: list[dict], best: dict | None,
+                     first_step: int, partial_loss: float) -> float:
+        """One epoch from step ``first_step`` (a mid-epoch resume); the mean training loss.
+
+        Nothing in a step waits for the device: the loss sum stays on it until the epoch
+        ends. Every step reseeds torch from (seed, epoch, step, rank), so a resumed step draws
+        what the uninterrupted one drew (dropout)."""
+        import itertools
+
         import torch
 
         model.train()
-        total = torch.zeros(1, dtype=torch.float64)
-        feed = train.batches(self.args["seed"], epoch, self.steps, dim=self.args["input_dim"])
-        for step, (features, label) in enumerate(feed):
-            failpoints.hit(self.args["failpoint"], "torch.step", self.context.rank, epoch + 1,
-                           step)
-            if self.global_sizes[step] == 0:
-                continue  # every rank skips the same step: no one waits
-            output = model(features.to(self.device))
-            loss = loss_sum(self.loss_fn, output, label.to(self.device))
-            optimizer.zero_grad()
-            (loss * (world / float(self.global_sizes[step]))).backward()
-            optimizer.step()
-            total += loss.detach().double().cpu()
-        return float(self.backend.all_reduce_sum(total)[0]) / max(1, self.rows[0])
+        args, clock = self.args, self.clock
+        every = args.get("checkpoint_every_steps", 0)
+        total = torch.zeros(1, dtype=torch.float64, device=self.device)
+        if self.context.rank == 0:
+            total += partial_loss
+        feed = itertools.islice(train.batches(args["seed"], epoch, self.steps,
+                                              dim=args["input_dim"]), first_step, None)
+        clock.tick()
+        for step, (features, label) in enumerate(feed, start=first_step):
+            clock.tock("data")
+            failpoints.hit(args["failpoint"], "torch.step", self.context.rank, epoch + 1, step)
+            if self.global_sizes[step]:  # every rank skips the same empty step: none waits
+                torch.manual_seed(resume.step_seed(args["seed"], epoch, step, self.context.rank))
+                output = model(features.to(self.device, non_blocking=True))
+                loss = loss_sum(self.loss_fn, output, label.to(self.device, non_blocking=True))
+                optimizer.zero_grad()
+                (loss * (world / float(self.global_sizes[step]))).backward()
+                clock.backward_done()
+                optimizer.step()
+                total += loss.detach()
+                clock.tock("compute")
+            if every and (step + 1) % every == 0 and step + 1 < self.steps:
+                done = float(self.backend.all_reduce_sum(total.cpu().clone())[0])
+                self._checkpoint(epoch, step + 1, module, optimizer, history, best,
+                                 partial_loss=done)
+                clock.tock("other")
+        return float(self.backend.all_reduce_sum(total.cpu())[0]) / max(1, self.rows[0])
 
     def _validate(self, module: Any, validation: SpilledRows) -> dict[str, float]:
         """Validation on the unwrapped module (DDP's forward would sync buffers per call, and
@@ -360,27 +397,122 @@ class _Trainer:
         import torch
 
         module.eval()
-        sums = torch.zeros(2, dtype=torch.float64)
+        sums = torch.zeros(2, dtype=torch.float64, device=self.device)
         steps = max(1, math.ceil(validation.num_rows / self.args["batch_size"]))
+        classification = task_of_loss(self.loss) == "classification"
         with torch.no_grad():
             for features, label in validation.batches(0, 0, steps, shuffle=False,
                                                       dim=self.args["input_dim"]):
                 output = module(features.to(self.device))
                 label = label.to(self.device)
-                sums[0] += float(loss_sum(self.loss_fn, output, label))
-                if task_of_loss(self.loss) == "classification":
-                    sums[1] += float(correct_count(self.loss, output, label))
-        sums = self.backend.all_reduce_sum(sums)
+                sums[0] += loss_sum(self.loss_fn, output, label)
+                if classification:
+                    sums[1] += correct_count(self.loss, output, label)
+        sums = self.backend.all_reduce_sum(sums.cpu())
         metrics = {"val_loss": float(sums[0]) / self.rows[1]}
-        if task_of_loss(self.loss) == "classification":
+        if classification:
             metrics["val_accuracy"] = float(sums[1]) / self.rows[1]
         return metrics
 
     def _all_counts(self, train_rows: int, validation_rows: int) -> Any:
         """Every rank's (training, validation) row counts, by one all-reduce."""
+        return self._gather([train_rows, validation_rows]).long().numpy()
+
+    def _all_ranks(self, train_seconds: float) -> list[dict[str, Any]]:
+        """Every rank's time split and peak memory (one all-reduce, after the last epoch)."""
+        fields = StepClock.FIELDS + ("peak_rss_mb",)
+        rows = self._gather([*self.clock.split(train_seconds), peak_rss_mb()])
+        return [{"rank": rank, **{name: round(float(value), 3)
+                                  for name, value in zip(fields, row)}}
+                for rank, row in enumerate(rows)]
+
+    def _gather(self, values: list[float]) -> Any:
+        """A (world_size, len(values)) table of every rank's ``values``, by one all-reduce."""
         import torch
 
-        counts = torch.zeros((self.context.world_size, 2), dtype=torch.float64)
-        counts[self.context.rank] = torch.tensor([train_rows, validation_rows],
-                                                 dtype=torch.float64)
-        return self.backend.all_reduce_sum(counts).long().numpy()
+        table = torch.zeros((self.context.world_size, len(values)), dtype=torch.float64)
+        table[self.context.rank] = torch.tensor(values, dtype=torch.float64)
+        return self.backend.all_reduce_sum(table)
+
+
+class StepClock:
+    """Where one rank's training time goes: waiting for data, computing, waiting on
+    communication, and the rest (validation, checkpoints, reports, epoch-end reductions).
+
+    Communication is what the gradient all-reduce adds to a step beyond the computation it
+    overlaps: the time between the last gradient bucket becoming ready (a DDP comm hook
+    notes it) and ``backward()`` returning. Without a DDP model (Horovod) it stays 0 and the
+    wait is inside ``compute``."""
+
+    FIELDS = ("data_s", "compute_s", "communication_s", "other_s")
+
+    def __init__(self) -> None:
+        self.seconds = dict.fromkeys(("data", "compute", "communication", "other"), 0.0)
+        self._mark = time.perf_counter()
+        self._bucket_ready: float | None = None
+
+    def watch(self, model: Any) -> Any:
+        """Install the bucket-ready hook on a DistributedDataParallel model; return it."""
+        from torch.nn.parallel import DistributedDataParallel
+
+        if isinstance(model, DistributedDataParallel):
+            # a lambda: DDP refuses a hook whose annotations are not its own types, and this
+            # module's annotations are strings
+            model.register_comm_hook(self, lambda clock, bucket: _timed_allreduce(clock, bucket))
+        return model
+
+    def tick(self) -> None:
+        self._mark = time.perf_counter()
+
+    def tock(self, kind: str) -> None:
+        """Charge the time since the last mark to ``kind``."""
+        now = time.perf_counter()
+        self.seconds[kind] += now - self._mark
+        self._mark = now
+
+    def bucket_ready(self) -> None:
+        self._bucket_ready = time.perf_counter()
+
+    def backward_done(self) -> None:
+        """Move the wait after the last bucket from compute to communication."""
+        if self._bucket_ready is not None:
+            now = time.perf_counter()
+            self.seconds["communication"] += now - self._bucket_ready
+            self.seconds["compute"] -= now - self._bucket_ready
+            self._bucket_ready = None
+
+    def split(self, total: float) -> list[float]:
+        """data, compute, communication, other seconds; other is the rest of ``total``."""
+        measured = self.seconds["data"] + self.seconds["compute"] + self.seconds["communication"]
+        return [self.seconds["data"], self.seconds["compute"], self.seconds["communication"],
+                max(0.0, total - measured)]
+
+
+def _timed_allreduce(clock: StepClock, bucket: Any) -> Any:
+    """DDP's default all-reduce (mean over ranks), noting when each bucket is ready."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    clock.bucket_ready()
+    return default_hooks.allreduce_hook(None, bucket)  # type: ignore[arg-type]
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory since :func:`reset_peak_rss` (Linux), in MiB."""
+    import resource
+
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def reset_peak_rss() -> None:
+    """Start the peak-memory count afresh: Spark reuses Python workers across tasks (Linux 4+;
+    elsewhere the peak is the process's)."""
+    with contextlib.suppress(OSError):
+        with open("/proc/self/clear_refs", "w") as refs:
+            refs.write("5")

@@ -1,11 +1,13 @@
 """Training state in checkpoints, so that a retried or re-run fit continues where it stopped.
 
-Rank 0 writes one checkpoint every ``checkpoint_every`` epochs into
-:class:`sparkdist.store.Checkpoints` (atomic, checksummed, the last K kept). A checkpoint holds
-the weights, the optimizer state, the history, the best weights so far (early stopping) and the
-epoch. Randomness needs no saved state: every epoch reseeds dropout from (seed, epoch, rank)
-and the feed shuffles from (seed, epoch), so a resumed epoch draws exactly what the
-uninterrupted one would have drawn, and a resumed fit ends with the same weights.
+Rank 0 writes a checkpoint every ``checkpoint_every`` epochs, and with ``checkpoint_every_steps``
+also every that many steps within an epoch, into :class:`sparkdist.store.Checkpoints` (atomic,
+checksummed, the last K kept), numbered by the epochs completed. A checkpoint holds the
+weights, the optimizer state, the history, the best weights so far (early stopping), the epoch,
+the steps done in the next epoch and their summed loss. Randomness needs no saved state: every
+step reseeds torch from (seed, epoch, step, rank) and the feed shuffles from (seed, epoch), so
+a resumed step draws exactly what the uninterrupted one would have drawn, and a resumed fit
+ends with the same weights.
 """
 
 from __future__ import annotations
@@ -26,21 +28,24 @@ FINGERPRINT_KEYS = ("module_name", "module_kwargs", "input_dim", "output_dim", "
                     "optimizer")
 
 
-def epoch_seed(seed: int, epoch: int, rank: int) -> int:
-    """The torch seed of one rank's epoch (dropout and the like)."""
-    return (seed * 1_000_003 + epoch * 7919 + rank) % 2**63
+def step_seed(seed: int, epoch: int, step: int, rank: int) -> int:
+    """The torch seed of one rank's step (dropout and the like)."""
+    return (seed * 1_000_003 + epoch * 7919 + step * 104_729 + rank) % 2**63
 
 
 def fingerprint(args: dict[str, Any]) -> dict[str, Any]:
     return {key: args[key] for key in FINGERPRINT_KEYS}
 
 
-def encode(epoch: int, module: torch.nn.Module, optimizer: Any, history: list[dict],
-           best: dict | None, stopped: bool, args: dict[str, Any]) -> bytes:
-    """The state after ``epoch`` epochs, as bytes ``torch.load(weights_only=True)`` reads."""
+def encode(epoch: int, step: int, module: torch.nn.Module, optimizer: Any,
+           history: list[dict], best: dict | None, stopped: bool, partial_loss: float,
+           args: dict[str, Any]) -> bytes:
+    """The state after ``epoch`` epochs and ``step`` steps of the next (whose summed loss
+    over all ranks is ``partial_loss``), as bytes ``torch.load(weights_only=True)`` reads."""
     import torch
 
-    state = {"epoch": epoch, "model": _cpu(module.state_dict()),
+    state = {"epoch": epoch, "step": step, "partial_loss": partial_loss,
+             "model": _cpu(module.state_dict()),
              "optimizer": optimizer.state_dict(), "history": history,
              "best": best and {**best, "state": _cpu(best["state"])}, "stopped": stopped,
              "fingerprint": fingerprint(args)}
@@ -58,7 +63,7 @@ def decode(payload: bytes, args: dict[str, Any], where: str) -> dict[str, Any]:
         raise TrainingError(f"the checkpoint {where} was written by a different fit "
                             f"({state['fingerprint']}, this fit: {fingerprint(args)}); use "
                             f"a new runId or another checkpointDir.")
-    return state
+    return {"step": 0, "partial_loss": 0.0, **state}
 
 
 def _cpu(state_dict: dict[str, Any]) -> dict[str, Any]:

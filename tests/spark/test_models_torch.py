@@ -41,7 +41,8 @@ def _weights(model) -> dict[str, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def two_worker_model(data, seed=11):
-    return TorchEstimator(numWorkers=2, epochs=8, seed=seed, **FAST).fit(data[0])
+    return TorchEstimator(numWorkers=2, epochs=8, seed=seed, **{**FAST, "batchSize": 64}).fit(
+        data[0])
 
 
 @pytest.mark.slow
@@ -55,7 +56,8 @@ def test_two_workers_learn_and_beat_the_baseline(two_worker_model, data):
 
 @pytest.mark.slow
 def test_same_seed_and_world_size_give_identical_weights(two_worker_model, data):
-    again = TorchEstimator(numWorkers=2, epochs=8, seed=11, **FAST).fit(data[0])
+    again = TorchEstimator(numWorkers=2, epochs=8, seed=11, **{**FAST, "batchSize": 64}).fit(
+        data[0])
     first, second = _weights(two_worker_model), _weights(again)
     assert all(torch.equal(first[name], second[name]) for name in first)
     other = TorchEstimator(numWorkers=2, epochs=1, seed=12, **FAST).fit(data[0])
@@ -63,9 +65,24 @@ def test_same_seed_and_world_size_give_identical_weights(two_worker_model, data)
 
 
 @pytest.mark.slow
-def test_one_and_two_workers_reach_the_same_accuracy(two_worker_model, data):
+def test_one_worker_with_the_same_global_batch_reaches_the_same_accuracy(two_worker_model,
+                                                                        data):
+    """batchSize is per worker: 1 worker at 2 x 64 rows a step takes the same global steps
+    as 2 workers at 64 each."""
+    summary = two_worker_model.trainingSummary
+    assert (summary["batch_size"], summary["global_batch_size"]) == (64, 128)
     one = TorchEstimator(numWorkers=1, epochs=8, seed=11, **FAST).fit(data[0])
+    assert one.trainingSummary["steps_per_epoch"] == summary["steps_per_epoch"]
     assert abs(_accuracy(one, data[1]) - _accuracy(two_worker_model, data[1])) <= 0.01
+
+
+@pytest.mark.slow
+def test_each_rank_reports_where_its_time_went(two_worker_model):
+    ranks = two_worker_model.trainingSummary["ranks"]
+    assert [rank["rank"] for rank in ranks] == [0, 1]
+    for rank in ranks:
+        assert rank["compute_s"] > 0 and rank["data_s"] > 0 and rank["peak_rss_mb"] > 50
+        assert rank["communication_s"] >= 0 and rank["other_s"] >= 0
 
 
 @pytest.mark.slow

@@ -56,6 +56,22 @@ def test_a_failed_rank_resumes_from_the_checkpoint_to_the_same_weights(
 
 
 @pytest.mark.slow
+def test_a_rank_killed_mid_epoch_resumes_at_the_checkpointed_step(data, uninterrupted,
+                                                                  tmp_path):
+    """checkpointEverySteps=2: a kill before step 3 of epoch 3 resumes after its step 2."""
+    estimator = arm(
+        TorchEstimator(epochs=4, checkpointDir=str(tmp_path / "ckpt"), checkpointEverySteps=2,
+                       **SETTINGS), str(tmp_path), rank=1, epoch=3, step=3, action="kill")
+    model = estimator.fit(data)
+    summary = model.trainingSummary
+    assert (tmp_path / "fired-1.pid").exists()
+    assert (summary["resumed_from_epoch"], summary["resumed_from_step"]) == (2, 2)
+    assert [epoch["loss"] for epoch in model.history] == pytest.approx(
+        [epoch["loss"] for epoch in uninterrupted.history], rel=1e-6)
+    assert _same_weights(model, uninterrupted)
+
+
+@pytest.mark.slow
 def test_resume_required_continues_a_completed_run_to_more_epochs(data, uninterrupted,
                                                                   tmp_path):
     first = TorchEstimator(epochs=2, checkpointDir=str(tmp_path), runId="nightly",
