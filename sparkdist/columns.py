@@ -95,6 +95,22 @@ def require_columns(schema: StructType, names: Iterable[str], param: str) -> Non
             )
 
 
+def require_numeric(schema: StructType, name: str, param: str, fix: str) -> None:
+    """Raise SchemaError unless column ``name`` (which exists) holds numbers; ``fix`` says what
+    to do instead, e.g. how to index a string label.
+
+    >>> from pyspark.sql.types import StringType, StructField
+    >>> require_numeric(StructType([StructField("plan", StringType())]), "plan", "label",
+    ...                 "index it.")
+    Traceback (most recent call last):
+    ...
+    sparkdist.exceptions.SchemaError: label: column 'plan' has type string, not numeric; index it.
+    """
+    if not is_numeric(schema[name].dataType):
+        raise SchemaError(f"{param}: column '{name}' has type "
+                          f"{schema[name].dataType.simpleString()}, not numeric; {fix}")
+
+
 def is_numeric(dtype: DataType) -> bool:
     return isinstance(dtype, (NumericType, BooleanType))
 

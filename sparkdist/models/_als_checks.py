@@ -7,9 +7,9 @@ from typing import Any
 
 from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F
-from pyspark.sql.types import ArrayType, DoubleType, FloatType, MapType, NumericType, StructType
+from pyspark.sql.types import ArrayType, DoubleType, FloatType, MapType, StructType
 
-from sparkdist.columns import col, empty_data_error, require_columns
+from sparkdist.columns import col, empty_data_error, require_columns, require_numeric
 from sparkdist.exceptions import SchemaError
 from sparkdist.models._als_ids import _I, _U
 
@@ -24,10 +24,8 @@ def check_ratings_input(dataset: DataFrame, user: str, item: str, rating: str,
     _check_id_column(dataset, item, "itemCol")
     if rating:
         require_columns(dataset.schema, [rating], "ratingCol")
-        if not isinstance(dataset.schema[rating].dataType, NumericType):
-            kind = dataset.schema[rating].dataType.simpleString()
-            raise SchemaError(f"ratingCol: column '{rating}' has type {kind}, not numeric; "
-                              f"cast it first, e.g. F.col('{rating}').cast('double').")
+        require_numeric(dataset.schema, rating, "ratingCol",
+                        f"cast it first, e.g. F.col('{rating}').cast('double').")
     stats = _value_stats(dataset, user, item, rating)
     if not stats["rows"]:
         raise empty_data_error("ALS.fit")

@@ -21,7 +21,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from sparkdist.columns import check_one_of, col, is_numeric, require_columns
+from sparkdist.columns import check_one_of, col, require_columns, require_numeric
 from sparkdist.exceptions import ParamError, SchemaError
 from sparkdist.features import split
 from sparkdist.models._labels import check_label
@@ -125,10 +125,8 @@ def check_input_columns(stage: Params, schema: StructType) -> None:
         numeric.append(("weightCol", stage.getOrDefault("weightCol")))
     for param, name in numeric:
         require_columns(schema, [name], param)
-        if not is_numeric(schema[name].dataType):
-            raise SchemaError(f"{param}: column '{name}' has type "
-                              f"{schema[name].dataType.simpleString()}, not numeric; index a "
-                              "string label with FeatureAssembler (or StringIndexer) first.")
+        require_numeric(schema, name, param, "index a string label with FeatureAssembler (or "
+                        "StringIndexer) first.")
 
 
 def check_classifier_params(stage: Params) -> None:

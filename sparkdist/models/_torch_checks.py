@@ -13,7 +13,13 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, BooleanType, NumericType, StructType
 
-from sparkdist.columns import check_one_of, col, empty_data_error, require_columns
+from sparkdist.columns import (
+    check_one_of,
+    col,
+    empty_data_error,
+    require_columns,
+    require_numeric,
+)
 from sparkdist.exceptions import ParamError, SchemaError
 from sparkdist.models._recovery import content_hash
 from sparkdist.torchtrain import loop
@@ -23,6 +29,7 @@ if TYPE_CHECKING:
 
 USE_GPU = ("auto", True, False)
 NAN_POLICIES = ("error", "drop")
+_INDEX_STRINGS = "index string labels with FeatureAssembler(labelCol=...) or cast to double."
 
 
 def check_params(est: TorchEstimator) -> None:
@@ -64,7 +71,7 @@ def prepare(est: TorchEstimator, dataset: DataFrame) -> DataFrame:
         columns.append(est.getOrDefault("validationCol"))
     require_columns(dataset.schema, columns, "TorchEstimator")
     features = features_array(dataset.schema, est.featureSource())
-    _check_numeric(dataset.schema, label, "labelCol")
+    require_numeric(dataset.schema, label, "labelCol", _INDEX_STRINGS)
     return dataset.select(features.alias("features"),
                           col(label).cast("float").alias("label"),
                           _validation_flag(est, dataset, features).alias("is_validation"))
@@ -184,7 +191,7 @@ def features_array(schema: StructType, columns: list[str]) -> Any:
 
     if len(columns) > 1:
         for name in columns:
-            _check_numeric(schema, name, "featureCols")
+            require_numeric(schema, name, "featureCols", _INDEX_STRINGS)
         return F.array(*[col(name).cast("float") for name in columns])
     name = columns[0]
     dtype = schema[name].dataType
@@ -199,11 +206,6 @@ def features_array(schema: StructType, columns: list[str]) -> Any:
                       f"(FeatureAssembler builds a vector from any columns).")
 
 
-def _check_numeric(schema: StructType, name: str, param: str) -> None:
-    if not isinstance(schema[name].dataType, NumericType):
-        raise SchemaError(f"{param}: column '{name}' has type "
-                          f"{schema[name].dataType.simpleString()}; it must be numeric "
-                          f"(index string labels with FeatureAssembler(labelCol=...)).")
 
 
 

@@ -69,7 +69,7 @@ from pyspark.sql.types import ArrayType, BooleanType, NumericType, StructType
 
 from sparkdist import failpoints, store
 from sparkdist._params import keywords, unknown_param
-from sparkdist.columns import check_one_of, require_columns
+from sparkdist.columns import check_one_of, require_columns, require_numeric
 from sparkdist.exceptions import (
     ModelLoadError,
     ParamError,
@@ -357,11 +357,8 @@ class _XGBoostEstimator(Estimator, HasRecovery, ParamsPersistence):
         require_columns(schema, [features], "featuresCol")
         _check_features_type(schema, features)
         require_columns(schema, [label], "labelCol")
-        if not isinstance(schema[label].dataType, NumericType):
-            raise SchemaError(
-                f"labelCol: column '{label}' has type {schema[label].dataType.simpleString()}, "
-                "not numeric; index it first (FeatureAssembler(labelCol=...) indexes string "
-                "labels) or cast it to double.")
+        require_numeric(schema, label, "labelCol", "index it first (FeatureAssembler("
+                        "labelCol=...) indexes string labels) or cast it to double.")
         for name, family in (("weightCol", NumericType), ("base_margin_col", NumericType),
                              ("validationIndicatorCol", BooleanType)):
             column = self.getOrDefault(name) if self.isDefined(name) else None

@@ -8,21 +8,9 @@ import pytest
 from pyspark.ml import Estimator
 from pyspark.ml.linalg import Vectors
 
-import sparkdist.features
-import sparkdist.models
+from tests.stages import public_classes
 
-
-def estimator_classes() -> list[type]:
-    found = {}
-    for module in (sparkdist.models, sparkdist.features):
-        for name in module.__all__:
-            value = getattr(module, name)
-            if isinstance(value, type) and issubclass(value, Estimator):
-                found[name] = value
-    return [found[name] for name in sorted(found)]
-
-
-ESTIMATORS = estimator_classes()
+ESTIMATORS = public_classes(Estimator)
 
 #: Class name -> (data set, constructor keywords) for a fit of a few seconds at most.
 CHEAP_FITS = {

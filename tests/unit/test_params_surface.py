@@ -15,10 +15,8 @@ import pytest
 from pyspark.ml.linalg import Matrices
 from pyspark.ml.param import Param, Params
 
-import sparkdist
-import sparkdist.features
-import sparkdist.models
 from sparkdist.exceptions import ParamError
+from tests.stages import public_classes
 
 #: Where MLlib's own model shadows a Param getter with a property (``getNumTrees`` is the
 #: number of trees in the ensemble), sparkdist's forest models keep MLlib's shape.
@@ -26,17 +24,7 @@ PROPERTY_GETTERS = {("RandomForestClassificationModel", "numTrees"),
                     ("RandomForestRegressionModel", "numTrees")}
 
 
-def stage_classes() -> list[type]:
-    found: dict[str, type] = {}
-    for module in (sparkdist, sparkdist.models, sparkdist.features):
-        for name in module.__all__:
-            value = getattr(module, name)
-            if isinstance(value, type) and issubclass(value, Params):
-                found[name] = value
-    return [found[name] for name in sorted(found)]
-
-
-STAGES = stage_classes()
+STAGES = public_classes(Params)
 
 
 def test_discovery_finds_every_family():
