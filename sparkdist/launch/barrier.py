@@ -9,10 +9,13 @@ fits and the GPU scheduling check; XGBoost's barrier stage is xgboost.spark's).
   ShuffleMapStage: Spark retries a failed barrier stage as a whole, where a barrier stage that
   ends in a collect is never retried ("Could not recover from a failed barrier ResultStage",
   Spark 4.3).
-- Rendezvous is one ``allGather`` per attempt (about 1 s each): rank 0 first starts the
-  backend's rendezvous server on port 0 (torch's ``TCPStore``, Horovod's HTTP store), then
-  every task learns its host and port, and each rank's host and executor id (the fit's
-  ``placement``). Nothing else uses Spark's barrier calls.
+- Rendezvous is one gather per attempt: rank 0 first starts the backend's rendezvous server
+  on port 0 (torch's ``TCPStore``, Horovod's HTTP store), then every task learns its host and
+  port, and each rank's host and executor id (the fit's ``placement``). With a local master
+  (the executors on the driver's host) the gather goes through the driver's report socket
+  and returns as soon as the last rank arrives; elsewhere it is Spark's ``allGather``, which
+  costs at least a second: the JVM's ``BarrierTaskContext`` checks its RPC once a second
+  (``Thread.sleep(1000)``, Spark 4.3). Nothing else uses Spark's barrier calls.
 - Every wait is bounded: the rendezvous (on the executors), the collectives (the backend's
   own timeout, from ``collective_timeout_s``) and the whole job (cancelled on the driver:
   its job group on classic Spark, its session tag, ``spark.interruptTag``, on Spark Connect;
@@ -75,6 +78,8 @@ REPORT_LINE_LIMIT = 64 << 10
 _FIRST_LINE_S = 10.0
 #: Counted by tests and bench: the Spark barrier syncs a fit makes (the rendezvous only).
 SYNC_LOG_PREFIX = "sparkdist barrier sync"
+#: Logged instead where the rendezvous goes through the driver (no Spark barrier sync).
+DRIVER_RENDEZVOUS_LOG_PREFIX = "sparkdist rendezvous through the driver"
 #: Set to 1 in the tasks' environment (in local mode: the driver's, before its JVM starts) and
 #: ranks keep their log lines for the error report without printing them: the make demo, whose
 #: local tasks print on the driver's console.
@@ -91,6 +96,9 @@ class BarrierSettings:
     #: This fit's secret: the driver drops every report that does not carry it.
     report_token: str = ""
     env: dict[str, str] = field(default_factory=dict)
+    #: Gather the rendezvous through the driver's report socket, not Spark's allGather (set
+    #: by :func:`run_barrier` where every executor reaches the driver: local masters).
+    driver_rendezvous: bool = False
 
 
 @dataclass(frozen=True)
@@ -130,18 +138,23 @@ class WorkerContext:
         self.attempt_key: int = task.taskAttemptId()
 
     def rendezvous(self, listen: Callable[[str], list[int]] | None = None) -> Rendezvous:
-        """One allGather (bounded wait): every rank learns rank 0's host, the ports of the
+        """One gather (bounded wait): every rank learns rank 0's host, the ports of the
         servers rank 0 started before it with ``listen(host)``, and each rank's host and
         executor. ``listen`` binds port 0 and returns the ports the OS gave: no port is
-        reserved, released and bound again (where another process could take it)."""
+        reserved, released and bound again (where another process could take it). Through
+        the driver where ``settings.driver_rendezvous`` (:meth:`_gather_via_driver`), else
+        Spark's allGather."""
         host = self._task.getTaskInfos()[self.rank].address.rsplit(":", 1)[0]
         ports = listen(host) if self.rank == 0 and listen is not None else []
         message = json.dumps({"host": host, "ports": ports, "task": self.attempt_key,
                               "executor": _executor_id()})
-        self.log(f"{SYNC_LOG_PREFIX}: rendezvous of {self.world_size} (task attempt "
+        via_driver = self.settings.driver_rendezvous and self.settings.report_address
+        prefix = DRIVER_RENDEZVOUS_LOG_PREFIX if via_driver else SYNC_LOG_PREFIX
+        self.log(f"{prefix}: rendezvous of {self.world_size} (task attempt "
                  f"{self._task.taskAttemptId()})")
-        gathered = _with_timeout(lambda: self._task.allGather(message),
-                                 self.settings.rendezvous_timeout_s,
+        gather = ((lambda: self._gather_via_driver(message)) if via_driver
+                  else (lambda: self._task.allGather(message)))
+        gathered = _with_timeout(gather, self.settings.rendezvous_timeout_s,
                                  f"rank {self.rank}: not every one of the {self.world_size} "
                                  f"workers reached the rendezvous within "
                                  f"{self.settings.rendezvous_timeout_s:.0f} s")
@@ -152,6 +165,23 @@ class WorkerContext:
                            executors=tuple(peer["executor"] for peer in peers))
         self.placement = found.placement()
         return found
+
+    def _gather_via_driver(self, message: str) -> list[str]:
+        """Every rank's ``message`` of this stage attempt, by rank, from the driver: one
+        signed line out, one line back once the last rank's line has arrived."""
+        address = self.settings.report_address
+        assert address is not None
+        record = {"rendezvous": message, "key": str(self._task.stageId()), "rank": self.rank,
+                  "world_size": self.world_size, "task": self._task.taskAttemptId()}
+        with socket.create_connection(address, timeout=_FIRST_LINE_S) as connection:
+            connection.sendall(self._signed(record))
+            connection.settimeout(None)  # the caller bounds the wait
+            with connection.makefile("rb") as lines:
+                reply = lines.readline()
+        if not reply:
+            raise ConnectionError(f"rank {self.rank}: the driver closed the rendezvous "
+                                  f"connection ({address[0]}:{address[1]})")
+        return [str(item) for item in json.loads(reply)]
 
     def log(self, message: str) -> None:
         """Print to the executor's stderr (unless ``$SPARKDIST_QUIET_RANKS`` is 1) and keep the
@@ -264,7 +294,9 @@ def run_barrier(df: DataFrame, worker: Worker, args: dict[str, Any], num_workers
                          "maxRetries=%s is not enforced; spark.stage.maxConsecutiveAttempts "
                          "on the server bounds the retries.", description, max_retries)
         task_settings = BarrierSettings(**{**settings.__dict__, "report_address": address,
-                                           "report_token": token})
+                                           "report_token": token,
+                                           "driver_rendezvous": address is not None
+                                           and _local_master(spark)})
         task = functools.partial(_barrier_task, worker, args, task_settings)
         stage = (_with_partitions(df, num_workers)
                  .mapInArrow(task, _RESULT_SCHEMA, barrier=True)
@@ -569,13 +601,15 @@ def _report_server(host: str | None, token: str, dispatch: Callable[[dict[str, A
     server = socket.create_server((host, 0))
     server.settimeout(0.5)
     stop = threading.Event()
-    thread = threading.Thread(target=_serve_reports, args=(server, stop, gate, dispatch),
-                              daemon=True)
+    thread = threading.Thread(target=_serve_reports,
+                              args=(server, stop, gate, dispatch, _Gatherer()), daemon=True)
     thread.start()
     try:
         yield host, server.getsockname()[1]
     finally:
         stop.set()
+        with contextlib.suppress(OSError):  # wakes the accept now, not at its next timeout
+            server.shutdown(socket.SHUT_RDWR)
         thread.join(5)
         server.close()
         if gate.dropped:
@@ -584,8 +618,60 @@ def _report_server(host: str | None, token: str, dispatch: Callable[[dict[str, A
                          host, dict(gate.dropped))
 
 
+class _Gatherer:
+    """The driver's side of the rendezvous: keeps each rank's connection until every rank of
+    its stage attempt has sent its message, then answers them all with the messages by rank.
+
+    Ranks gather by stage id (pyspark's task context has no stage attempt number) and task
+    id: the task ids of one attempt lie within ``world_size`` of each other and a retry's are
+    all higher (as :class:`_Attempts` assumes), so a rank of a newer attempt evicts what an
+    older attempt's ranks left waiting, and an older attempt's late rank is turned away. A
+    connection that closes first leaves its group (its task died)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._waiting: dict[str, dict[int, tuple[int, str, socket.socket]]] = {}
+
+    def join(self, record: dict[str, Any], connection: socket.socket) -> bool:
+        """Add a rank's rendezvous record; False for a malformed or stale one."""
+        try:
+            key, rank, world = str(record["key"]), int(record["rank"]), int(record["world_size"])
+            task, message = int(record["task"]), str(record["rendezvous"])
+        except (KeyError, TypeError, ValueError):
+            return False
+        if not 0 <= rank < world:
+            return False
+        with self._lock:
+            group = self._waiting.setdefault(key, {})
+            if any(task <= other - world for other, _, _ in group.values()):
+                return False  # a rank of an earlier attempt, arriving late
+            stale = [r for r, (other, _, _) in group.items() if other <= task - world]
+            evicted = [group.pop(r)[2] for r in stale]
+            group[rank] = (task, message, connection)
+            done = len(group) == world
+            if done:
+                del self._waiting[key]
+        for old in evicted:  # their task is gone or about to be: do not leave them waiting
+            with contextlib.suppress(OSError):
+                old.shutdown(socket.SHUT_RDWR)
+        if done:
+            line = (json.dumps([group[r][1] for r in range(world)]) + "\n").encode()
+            for _, _, waiting in group.values():
+                with contextlib.suppress(OSError):  # that rank is gone: its peers time out
+                    waiting.sendall(line)
+        return True
+
+    def leave(self, connection: socket.socket) -> None:
+        with self._lock:
+            for key, group in list(self._waiting.items()):
+                for rank in [r for r, (_, _, c) in group.items() if c is connection]:
+                    del group[rank]
+                if not group:
+                    del self._waiting[key]
+
+
 def _serve_reports(server: socket.socket, stop: threading.Event, gate: _Gate,
-                   dispatch: Callable[[dict[str, Any]], None]) -> None:
+                   dispatch: Callable[[dict[str, Any]], None], gatherer: _Gatherer) -> None:
     """Accept connections; each is read to its end in its own thread (ranks report at once),
     at most ``gate.slots`` at a time."""
     while not stop.is_set():
@@ -597,27 +683,37 @@ def _serve_reports(server: socket.socket, stop: threading.Event, gate: _Gate,
             gate.drop("connection over the cap")
             connection.close()
             continue
-        threading.Thread(target=_read_reports, args=(connection, gate, dispatch),
+        threading.Thread(target=_read_reports, args=(connection, gate, dispatch, gatherer),
                          daemon=True).start()
 
 
 def _read_reports(connection: socket.socket, gate: _Gate,
-                  dispatch: Callable[[dict[str, Any]], None]) -> None:
-    """Dispatch each authentic line; the first bad one (no token, too long, not JSON) or a
-    first line that does not come within ``_FIRST_LINE_S`` ends the connection."""
+                  dispatch: Callable[[dict[str, Any]], None],
+                  gatherer: _Gatherer | None = None) -> None:
+    """Dispatch each authentic line (a rendezvous line joins ``gatherer``, which answers on
+    this connection); the first bad one (no token, too long, not JSON) or a first line that
+    does not come within ``_FIRST_LINE_S`` ends the connection."""
     connection.settimeout(_FIRST_LINE_S)
     try:
         with connection, connection.makefile("rb") as lines:
-            while line := lines.readline(REPORT_LINE_LIMIT + 1):
-                record = _check_line(line, gate)
-                if isinstance(record, str):  # why it is dropped
-                    gate.drop(record)
-                    return
-                connection.settimeout(None)  # authenticated: rank 0 reports once an epoch
-                try:
-                    dispatch(record)
-                except Exception as err:  # a bad record must not stop training
-                    _LOG.warning("ignoring a progress record: %s", err)
+            try:
+                while line := lines.readline(REPORT_LINE_LIMIT + 1):
+                    record = _check_line(line, gate)
+                    if isinstance(record, str):  # why it is dropped
+                        gate.drop(record)
+                        return
+                    connection.settimeout(None)  # authenticated: rank 0 reports once an epoch
+                    if "rendezvous" in record and gatherer is not None:
+                        if not gatherer.join(record, connection):
+                            gate.drop("malformed rendezvous")
+                        continue
+                    try:
+                        dispatch(record)
+                    except Exception as err:  # a bad record must not stop training
+                        _LOG.warning("ignoring a progress record: %s", err)
+            finally:
+                if gatherer is not None:
+                    gatherer.leave(connection)
     except OSError:
         gate.drop("connection silent or reset")
     finally:
@@ -647,6 +743,19 @@ def _driver_host(df: DataFrame) -> str | None:
         return spark.conf.get("spark.driver.host")
     except Exception:
         return None
+
+
+def _local_master(spark: Any) -> bool:
+    """Whether the executors run on the driver's host (``local[...]``, ``local-cluster``; a
+    Connect server's only where it is local as well): there they reach the report socket
+    for sure, so every rank can gather through it (none is left waiting in Spark's
+    allGather while its peers wait on the driver)."""
+    if is_connect(spark):
+        return _connect_is_local(spark)
+    try:
+        return str(spark.conf.get("spark.master", "") or "").startswith("local")
+    except Exception:
+        return False
 
 
 def _connect_is_local(spark: Any) -> bool:

@@ -82,3 +82,48 @@ def test_daemon_preloads_nothing_under_a_python_memory_limit(limit, monkeypatch)
     daemon.main()
     assert calls == ([] if limit else [1])
     assert os.environ.get(daemon.ENV_PRELOADED) == (None if limit else "torch")
+
+
+def test_a_local_rendezvous_goes_through_the_driver_not_spark_allgather(spark):
+    """Spark's allGather sleeps a whole second in the JVM (Thread.sleep(1000)) before it
+    looks at its RPC again; with a local master the ranks gather through the driver."""
+    from sparkdist.launch.barrier import DRIVER_RENDEZVOUS_LOG_PREFIX as DRIVER
+    from sparkdist.launch.barrier import SYNC_LOG_PREFIX, run_barrier
+
+    def rendezvous_worker(context, batches, args):  # pickled by value
+        import json
+
+        for _ in batches:
+            pass
+        found = context.rendezvous()
+        return json.dumps({"tail": context.tail(), "hosts": list(found.hosts),
+                           "placement": context.placement}).encode()
+
+    out = json.loads(run_barrier(spark.range(2, numPartitions=2), rendezvous_worker, {}, 2))
+    assert DRIVER in out["tail"] and SYNC_LOG_PREFIX not in out["tail"]
+    assert [p["rank"] for p in out["placement"]] == [0, 1] and len(out["hosts"]) == 2
+
+
+def test_the_driver_gatherer_answers_once_all_ranks_of_the_newest_attempt_arrived():
+    import socket
+
+    from sparkdist.launch.barrier import _Gatherer
+
+    gatherer = _Gatherer()
+    pairs = [socket.socketpair() for _ in range(4)]
+
+    def record(rank, task):
+        return {"key": "7", "rank": rank, "world_size": 2, "task": task,
+                "rendezvous": f"r{rank}t{task}"}
+
+    assert gatherer.join(record(0, 10), pairs[0][0])  # attempt 0, rank 0 (rank 1 never came)
+    assert gatherer.join(record(1, 12), pairs[1][0])  # the retry (task ids all higher)
+    assert pairs[0][1].recv(10) == b""  # the stale rank was let go, not left waiting
+    assert not gatherer.join(record(1, 9), pairs[2][0])  # a late rank of attempt 0: refused
+    assert gatherer.join(record(0, 13), pairs[3][0])
+    expected = json.dumps(["r0t13", "r1t12"]).encode() + b"\n"
+    assert pairs[1][1].recv(100) == expected and pairs[3][1].recv(100) == expected
+    assert not gatherer.join({"key": "7", "rank": 2, "world_size": 2, "task": 1,
+                              "rendezvous": ""}, pairs[2][0])  # a rank out of range
+    for a, b in pairs:
+        a.close(), b.close()
