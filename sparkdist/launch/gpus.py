@@ -39,9 +39,8 @@ Examples
 
 from __future__ import annotations
 
-import json
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -51,7 +50,6 @@ from sparkdist.exceptions import TrainingError
 if TYPE_CHECKING:
     import torch
 
-    from sparkdist.launch.barrier import WorkerContext
 
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 #: Where :func:`apply` keeps the CUDA_VISIBLE_DEVICES the worker process started with.
@@ -196,53 +194,12 @@ def plan_for_task(use_gpu: Any, addresses: Sequence[str] | None = None) -> Devic
                        inherited_visible_devices())
 
 
-def report_plan(context: WorkerContext, batches: Iterator[Any], args: dict[str, Any]) -> bytes:
-    """A barrier worker for checks (tests, ``sparkdist doctor``): every rank's GPUs and plan.
-
-    Each rank plans its device with this process's torch, and, when ``args["assume_cuda"]``
-    gives a device count, also as if CUDA were there (to check the scheduling on machines
-    without GPUs); a plan that cannot be made is recorded as ``plan_error`` /
-    ``assumed_plan_error`` instead. One ``allGather`` brings every rank's record to rank 0,
-    which returns them as JSON bytes: a list ordered by rank.
-    """
-    for _ in batches:  # the input rows do not matter
-        pass
-    use_gpu = args.get("use_gpu", "auto")
-    record: dict[str, Any] = {"rank": context.rank, "gpus": list(context.gpus),
-                              "task_gpus": task_gpus(), "pid": os.getpid(),
-                              "executor": _executor_id()}
-    _record_plan(record, "plan", lambda: plan_for_task(use_gpu, context.gpus))
-    assume = args.get("assume_cuda")
-    if assume:
-        _record_plan(record, "assumed_plan",
-                     lambda: device_plan(context.gpus, use_gpu, True, int(assume),
-                                         inherited_visible_devices()))
-    from pyspark import BarrierTaskContext
-
-    gathered = BarrierTaskContext.get().allGather(json.dumps(record))
-    return json.dumps(sorted((json.loads(item) for item in gathered),
-                             key=lambda item: item["rank"])).encode()
-
-
 # ---------------------------------------------------------------------------------- helpers
 def _use_gpu(value: Any) -> bool | str:
     text = str(value).strip().lower()
     if isinstance(value, (bool, str)) and text in ("true", "false", "auto"):
         return text if text == "auto" else text == "true"
     raise TrainingError(one_of_message("useGpu", value, (True, False, "auto")))
-
-
-def _record_plan(record: dict[str, Any], key: str, plan: Callable[[], DevicePlan]) -> None:
-    """``record[key]`` = the plan as a dict, or ``record[key + "_error"]`` = why there is none."""
-    try:
-        record[key] = plan().to_dict()
-    except TrainingError as err:
-        record[f"{key}_error"] = str(err)
-
-
-def _executor_id() -> str:
-    """The executor's id: standalone and local-cluster start executors in ``work/<app>/<id>``."""
-    return os.environ.get("SPARK_EXECUTOR_ID") or os.path.basename(os.getcwd())
 
 
 def _cpu(addresses: tuple[str, ...], reason: str) -> DevicePlan:

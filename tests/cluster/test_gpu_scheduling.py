@@ -6,7 +6,7 @@ The test runs this file as its own driver (the test session already has a local[
 
     python tests/cluster/test_gpu_scheduling.py DISCOVERY_SCRIPT
 
-which prints one JSON line: the barrier ranks' records (``sparkdist.launch.gpus.report_plan``)
+which prints one JSON line: the barrier ranks' records (``report_plan`` below)
 and what plain (non-barrier) tasks saw through ``task_gpus()``.
 """
 
@@ -21,6 +21,9 @@ import time
 from pathlib import Path
 
 import pytest
+
+from sparkdist.exceptions import TrainingError
+from sparkdist.launch.gpus import device_plan, inherited_visible_devices, plan_for_task, task_gpus
 
 MASTER = "local-cluster[2,1,1024]"
 #: Each run of the script claims the next free index k (mkdir is atomic) and reports 2 GPUs.
@@ -87,13 +90,52 @@ def test_each_rank_gets_its_own_gpu_and_plans_it(tmp_path: Path):
 def _plain_tasks(batches):
     import pandas as pd
 
-    from sparkdist.launch.gpus import _executor_id, plan_for_task, task_gpus
-
     for _ in batches:
         pass
     yield pd.DataFrame({"executor": [_executor_id()],
                         "gpus": [json.dumps(task_gpus())],
                         "auto_device": [plan_for_task("auto").device]})
+
+
+def report_plan(context, batches, args) -> bytes:
+    """The barrier worker of this check: every rank's GPUs and plan.
+
+    Each rank plans its device with this process's torch, and, when ``args["assume_cuda"]``
+    gives a device count, also as if CUDA were there (to check the scheduling on machines
+    without GPUs); a plan that cannot be made is recorded as ``plan_error`` /
+    ``assumed_plan_error`` instead. One ``allGather`` brings every rank's record to rank 0,
+    which returns them as JSON bytes: a list ordered by rank.
+    """
+    for _ in batches:  # the input rows do not matter
+        pass
+    use_gpu = args.get("use_gpu", "auto")
+    record = {"rank": context.rank, "gpus": list(context.gpus),
+                              "task_gpus": task_gpus(), "pid": os.getpid(),
+                              "executor": _executor_id()}
+    _record_plan(record, "plan", lambda: plan_for_task(use_gpu, context.gpus))
+    assume = args.get("assume_cuda")
+    if assume:
+        _record_plan(record, "assumed_plan",
+                     lambda: device_plan(context.gpus, use_gpu, True, int(assume),
+                                         inherited_visible_devices()))
+    from pyspark import BarrierTaskContext
+
+    gathered = BarrierTaskContext.get().allGather(json.dumps(record))
+    return json.dumps(sorted((json.loads(item) for item in gathered),
+                             key=lambda item: item["rank"])).encode()
+
+
+def _record_plan(record: dict, key: str, plan) -> None:
+    """``record[key]`` = the plan as a dict, or ``record[key + "_error"]`` = why there is none."""
+    try:
+        record[key] = plan().to_dict()
+    except TrainingError as err:
+        record[f"{key}_error"] = str(err)
+
+
+def _executor_id() -> str:
+    """The executor's id: standalone and local-cluster start executors in ``work/<app>/<id>``."""
+    return os.environ.get("SPARK_EXECUTOR_ID") or os.path.basename(os.getcwd())
 
 
 def _log(message: str) -> None:
@@ -102,7 +144,6 @@ def _log(message: str) -> None:
 
 def main(script: str) -> None:
     from sparkdist.launch.barrier import run_barrier
-    from sparkdist.launch.gpus import report_plan
     from sparkdist.session import get_spark
 
     started = time.monotonic()
