@@ -61,7 +61,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sparkdist.exceptions import TrainingError
+from sparkdist.exceptions import ParamError, SchemaError, TrainingError
 from sparkdist.session import is_connect
 
 if TYPE_CHECKING:
@@ -76,6 +76,8 @@ _LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 REPORT_LINE_LIMIT = 64 << 10
 #: A connection must send its first, token-bearing line within this many seconds.
 _FIRST_LINE_S = 10.0
+#: Errors a rank raises about the fit's input, raised on the driver with their own type.
+INPUT_ERRORS = (SchemaError, ParamError)
 #: Counted by tests and bench: the Spark barrier syncs a fit makes (the rendezvous only).
 SYNC_LOG_PREFIX = "sparkdist barrier sync"
 #: Logged instead where the rendezvous goes through the driver (no Spark barrier sync).
@@ -216,16 +218,20 @@ class WorkerContext:
                 f"(at {where.filename}:{where.lineno})\n"
                 f"--- output tail of rank {self.rank} ---\n{self.tail()}")
 
-    def report_failure(self, message: str) -> None:
+    def report_failure(self, err: BaseException) -> None:
         """Tell the driver why this rank failed (any rank, once; best effort). A worker may
         report before its own cleanup, so that the root cause arrives before its peers'
-        reports of the lost connection."""
+        reports of the lost connection. A bad input (:data:`INPUT_ERRORS`: the data or a
+        Param) travels with its type and message: the driver raises it as is, at once, since
+        a retry would read the same input."""
         address = self.settings.report_address
         if address is None or self._failure_reported:
             return
         self._failure_reported = True
-        record = {"failure": message, "rank": self.rank,
-                  "attempt": self.attempt_key, "world_size": self.world_size}
+        record: dict[str, Any] = {"failure": self.failure_message(err), "rank": self.rank,
+                                  "attempt": self.attempt_key, "world_size": self.world_size}
+        if type(err) in INPUT_ERRORS:
+            record["input_error"] = {"type": type(err).__name__, "message": str(err)}
         with contextlib.suppress(OSError), \
                 socket.create_connection(address, timeout=5) as connection:
             connection.sendall(self._signed(record))
@@ -318,6 +324,8 @@ class _Attempts:
     def __init__(self, max_retries: int | None, cancel: Callable[[], None]) -> None:
         self.max_retries, self.cancel = max_retries, cancel
         self.last: str | None = None
+        #: A rank's report that the input is bad: raised as is, no retry.
+        self.input_error: SchemaError | ParamError | None = None
         self._attempt = -1
         self._failed = 0
         self.gave_up = False
@@ -326,6 +334,13 @@ class _Attempts:
         """Keep the first failure of the newest stage attempt: the root cause, where the ranks
         that fail after it only report losing their peer. The task ids of one attempt lie
         within ``world_size`` of each other; a retry's are all higher."""
+        found = record.get("input_error")
+        if isinstance(found, dict) and self.input_error is None:
+            kind = {cls.__name__: cls for cls in INPUT_ERRORS}.get(str(found.get("type")))
+            if kind is not None:
+                self.input_error = kind(str(found.get("message")))
+                self.give_up()
+                return
         attempt = int(record.get("attempt", 0))
         if self.last is not None and attempt - self._attempt < int(record.get("world_size", 1)):
             self._attempt = min(self._attempt, attempt)  # the same attempt: keep its lowest id
@@ -388,7 +403,7 @@ def _barrier_task(worker: Worker, args: dict[str, Any], settings: BarrierSetting
         result = worker(context, batches, args)
     except Exception as err:
         message = context.failure_message(err)
-        context.report_failure(message)
+        context.report_failure(err)
         raise TrainingError(message) from err
     finally:
         context.close()
@@ -526,6 +541,8 @@ def _collect(stage: DataFrame, tag: str, description: str, timeout_s: float | No
             watcher.start()
         return stage.collect()
     except (Py4JJavaError, PySparkException) as err:
+        if attempts.input_error is not None:
+            raise attempts.input_error from None
         if attempts.gave_up:
             raise attempts.error(description) from err
         if timeout_s and time.monotonic() - started >= timeout_s:

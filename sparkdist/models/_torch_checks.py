@@ -22,7 +22,7 @@ from sparkdist.columns import (
 )
 from sparkdist.exceptions import ParamError, SchemaError
 from sparkdist.models._recovery import content_hash
-from sparkdist.torchtrain import loop
+from sparkdist.torchtrain import datacheck, loop
 
 if TYPE_CHECKING:
     from sparkdist.models.torch import TorchEstimator
@@ -64,7 +64,8 @@ def has_validation(est: TorchEstimator) -> bool:
 
 
 def prepare(est: TorchEstimator, dataset: DataFrame) -> DataFrame:
-    """Columns ``features`` (array<float>), ``label`` (float), ``is_validation``."""
+    """Columns ``features`` (array<float>), ``label`` (float), ``is_validation`` and
+    ``is_bad`` (a NaN, infinite or null value in the row)."""
     label = est.getOrDefault("labelCol")
     columns = est.featureSource() + [label]
     if est.isSet("validationCol"):
@@ -72,9 +73,10 @@ def prepare(est: TorchEstimator, dataset: DataFrame) -> DataFrame:
     require_columns(dataset.schema, columns, "TorchEstimator")
     features = features_array(dataset.schema, est.featureSource())
     require_numeric(dataset.schema, label, "labelCol", _INDEX_STRINGS)
-    return dataset.select(features.alias("features"),
-                          col(label).cast("float").alias("label"),
-                          _validation_flag(est, dataset, features).alias("is_validation"))
+    return (dataset.select(features.alias("features"),
+                           col(label).cast("float").alias("label"),
+                           _validation_flag(est, dataset, features).alias("is_validation"))
+            .withColumn(datacheck.IS_BAD, ~good_row()))
 
 
 def _validation_flag(est: TorchEstimator, dataset: DataFrame, features: Any) -> Any:
@@ -91,46 +93,49 @@ def _validation_flag(est: TorchEstimator, dataset: DataFrame, features: Any) -> 
     return bucket < F.lit(int(fraction * 10**6)) if fraction else F.lit(False)
 
 
+def rules(est: TorchEstimator) -> dict[str, Any]:
+    """The Params :func:`datacheck.check_stats` applies, as plain values (they travel to the
+    training ranks)."""
+    get = est.getOrDefault
+    return {"source": ", ".join(est.featureSource()), "label_col": get("labelCol"),
+            "nan_policy": get("nanPolicy"), "batch_size": get("batchSize"),
+            "loss": get("loss"), "num_classes": get("numClasses")}
+
+
 def check_data(est: TorchEstimator, prepared: DataFrame, identity: bool = False) -> dict[str, Any]:
-    """One Spark job: rows, vector lengths, bad values, label range; with ``identity``
-    also the content hash of the rows (the resume fingerprint's data identity)."""
+    """One Spark job over the data, for fits that must read it before launch (a class count
+    to infer, a resume fingerprint): rows, vector lengths, bad values, label range, checked by
+    :func:`datacheck.check_stats`; with ``identity`` also the content hash of the rows (the
+    resume fingerprint's data identity)."""
     extra = [content_hash("features", "label", "is_validation")] if identity else []
     stats = prepared.agg(*_data_aggregates(), *extra).collect()[0].asDict()
-    source = ", ".join(est.featureSource())
-    if stats["rows"] == 0:
-        raise empty_data_error("TorchEstimator.fit")
-    if stats["min_dim"] != stats["max_dim"]:
-        raise SchemaError(f"featuresCol: rows of '{source}' have between {stats['min_dim']} "
-                          f"and {stats['max_dim']} values; every row needs the same length "
-                          f"(assemble them with FeatureAssembler).")
-    if stats["bad_rows"] and est.getOrDefault("nanPolicy") == "error":
-        raise SchemaError(f"{stats['bad_rows']} of {stats['rows']} rows have NaN, infinite or "
-                          f"null values in '{source}' or the label "
-                          f"'{est.getOrDefault('labelCol')}'; clean them, impute them "
-                          f"(FeatureAssembler nullPolicy='impute') or set nanPolicy='drop'.")
-    good = stats["rows"] - (stats["bad_rows"] or 0)
-    if est.getOrDefault("batchSize") > good:
-        raise ParamError(f"batchSize={est.getOrDefault('batchSize')} exceeds the {good} "
-                         f"usable rows; lower batchSize.")
-    _check_labels(est, stats)
+    datacheck.check_stats(stats, rules(est))
     return stats
 
 
-def _check_labels(est: TorchEstimator, stats: dict[str, Any]) -> None:
-    loss, label = est.getOrDefault("loss"), est.getOrDefault("labelCol")
-    if loss not in ("bce", "cross_entropy"):
-        return
-    if stats["fractional"] or stats["min_label"] < 0 or (
-            loss == "bce" and stats["max_label"] > 1):
-        allowed = "0 and 1" if loss == "bce" else "class indices 0..k-1"
-        hint = (" For more than 2 classes use loss='cross_entropy'." if loss == "bce"
-                and not stats["fractional"] else "")
-        raise SchemaError(f"labelCol: '{label}' holds values from {stats['min_label']} to "
-                          f"{stats['max_label']}, but loss='{loss}' needs {allowed}.{hint}")
-    classes = est.getOrDefault("numClasses")
-    if loss == "cross_entropy" and classes and stats["max_label"] >= classes:
-        raise ParamError(f"numClasses={classes} but labelCol '{label}' reaches "
-                         f"{stats['max_label']:.0f}; raise numClasses or leave it 0.")
+def input_width(est: TorchEstimator, schema: StructType, prepared: DataFrame) -> int | None:
+    """Features per row, from the schema when it tells (numeric columns, a vector with ML
+    attribute metadata), else from the first row: a job that reads one row, not the data.
+    None when the first row cannot tell (a null vector); SchemaError for no rows at all."""
+    width = schema_width(schema, est.featureSource())
+    if width is not None:
+        return width
+    row = prepared.select(F.size("features").alias("width")).first()
+    if row is None:
+        raise empty_data_error("TorchEstimator.fit")
+    return int(row["width"]) if row["width"] is not None and row["width"] > 0 else None
+
+
+def schema_width(schema: StructType, columns: list[str]) -> int | None:
+    """Features per row when the schema tells: numeric columns, or a vector column with ML
+    attribute metadata (FeatureAssembler's); else None."""
+    if len(columns) > 1:
+        return len(columns)
+    field = schema[columns[0]]
+    if isinstance(field.dataType, NumericType):
+        return 1
+    width = field.metadata.get("ml_attr", {}).get("num_attrs")
+    return int(width) if width else None
 
 
 def check_model(spec: dict[str, Any]) -> None:
@@ -166,9 +171,7 @@ def scoring_features(schema: StructType, columns: list[str], dim: int) -> Any:
     source = ", ".join(f"'{c}'" for c in columns)
     fix = ("score the columns the model was fitted on, assembled the same way (the same "
            "FeatureAssemblerModel), with nulls imputed or dropped")
-    width = len(columns) if len(columns) > 1 else (
-        1 if isinstance(schema[columns[0]].dataType, NumericType)
-        else schema[columns[0]].metadata.get("ml_attr", {}).get("num_attrs"))
+    width = schema_width(schema, columns)
     if width is not None and width != dim:
         raise SchemaError(f"featuresCol: {source} holds {width} features per row, but this "
                           f"TorchModel was trained on {dim}; {fix}.")
@@ -213,9 +216,20 @@ def _bad_value(column: Any) -> Any:
     return column.isNull() | F.isnan(column) | (F.abs(column) == F.lit(float("inf")))
 
 
+def _bad_features(features: Any) -> Any:
+    """A null vector, or one holding a null, NaN or infinite value. Native expressions, not a
+    lambda per element (a higher-order function runs interpreted): Spark orders NaN above
+    every number, so ``array_max`` finds NaN and +inf, ``array_min`` -inf, and
+    ``array_compact`` drops nulls."""
+    largest, smallest = F.array_max(features), F.array_min(features)
+    inf = F.lit(float("inf"))
+    return features.isNull() | F.coalesce(
+        F.isnan(largest) | (largest == inf) | (smallest == -inf)
+        | (F.size(F.array_compact(features)) != F.size(features)), F.lit(False))
+
+
 def good_row() -> Any:
-    return ~(F.col("features").isNull() | F.exists("features", _bad_value)
-             | _bad_value(F.col("label")))
+    return ~(_bad_features(F.col("features")) | _bad_value(F.col("label")))
 
 
 def _data_aggregates() -> list[Any]:
@@ -224,7 +238,7 @@ def _data_aggregates() -> list[Any]:
     return [F.count(F.lit(1)).alias("rows"),
             F.min(F.size("features")).alias("min_dim"),
             F.max(F.size("features")).alias("max_dim"),
-            F.count_if(~good_row()).alias("bad_rows"),
+            F.count_if(datacheck.IS_BAD).alias("bad_rows"),
             F.min(good_label).alias("min_label"), F.max(good_label).alias("max_label"),
             F.count_if(good_label != F.floor(good_label)).alias("fractional")]
 

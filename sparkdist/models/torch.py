@@ -269,12 +269,10 @@ class TorchEstimator(Estimator, _TorchParams, HasSeed, HasRecovery, ParamsPersis
                 "loss_fn": loop.resolve_loss(self.getOrDefault("loss"))}
         checkpoint_dir, run_id = self.checkpoint_location(dataset.sparkSession)
         prepared = checks.prepare(self, dataset)
-        stats = checks.check_data(self, prepared, identity=checkpoint_dir is not None)
+        stats = self._read_data(dataset, prepared, identity=checkpoint_dir is not None)
         spec = {**self._spec(stats), **code, "checkpoint_dir": checkpoint_dir,
                 "run_id": run_id}
         checks.check_model(spec)
-        if spec.pop("drop_bad_rows"):
-            prepared = prepared.where(checks.good_row())
         preflight(dataset.sparkSession, spec["num_workers"], use_gpu=spec["use_gpu"],
                   allow_unencrypted=self.getOrDefault("allowUnencrypted"))
         fingerprint = self._fingerprint(dataset, stats) if checkpoint_dir else {}
@@ -299,6 +297,20 @@ class TorchEstimator(Estimator, _TorchParams, HasSeed, HasRecovery, ParamsPersis
                 if self.isSet("validationCol") else None,
                 **data_identity(dataset.select(*columns).schema, stats)}
 
+    def _read_data(self, dataset: DataFrame, prepared: DataFrame,
+                   identity: bool) -> dict[str, Any]:
+        """What the driver must know of the data before launch: the features per row, and
+        where a fit needs them the whole data's figures (a class count to infer, the resume
+        fingerprint's content hash: one Spark job, checked by the same rules as the ranks
+        apply). Otherwise the ranks check the values in the pass that trains on them."""
+        infer_classes = self.getOrDefault("loss") == "cross_entropy" and not self.getOrDefault(
+            "numClasses")
+        width = None if identity or infer_classes else checks.input_width(
+            self, dataset.schema, prepared)
+        if width is None:
+            return checks.check_data(self, prepared, identity=identity)
+        return {"max_dim": width, "max_label": None}
+
     def _spec(self, stats: dict[str, Any]) -> dict[str, Any]:
         """Every Param the executors need, as plain values (never ``self``)."""
         get = self.getOrDefault
@@ -313,7 +325,7 @@ class TorchEstimator(Estimator, _TorchParams, HasSeed, HasRecovery, ParamsPersis
                 "use_gpu": get("useGpu"), "patience": get("earlyStoppingPatience"),
                 "num_workers": get("numWorkers"), "input_dim": int(stats["max_dim"]),
                 "num_classes": classes, "output_dim": loop.output_width(loss, classes),
-                "drop_bad_rows": get("nanPolicy") == "drop",
+                "rules": checks.rules(self),
                 "checkpoint_every": get("checkpointEvery"),
                 "checkpoint_every_steps": get("checkpointEverySteps"),
                 "keep_checkpoints": get("keepCheckpoints"),

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     import torch
 
     from sparkdist.launch.barrier import WorkerContext
+    from sparkdist.torchtrain.datacheck import PartitionScan
     from sparkdist.torchtrain.feed import SpilledRows
 
 LOSSES = {"bce": "classification", "cross_entropy": "classification", "mse": "regression"}
@@ -198,12 +199,14 @@ def fit_worker(context: WorkerContext, batches: Any, args: dict[str, Any]) -> by
     import torch
 
     from sparkdist.torchtrain.backends import make_backend
+    from sparkdist.torchtrain.datacheck import PartitionScan
     from sparkdist.torchtrain.feed import spill
 
     torch.set_num_threads(max(1, context.cpus))
     reset_peak_rss()
     started = time.perf_counter()
-    train, validation = spill(batches, context.scratch)
+    scan = PartitionScan(batches, args["input_dim"])  # the input's checks, in this pass
+    train, validation = spill(scan, context.scratch, dim=args["input_dim"])
     args = {**args, "spill_seconds": time.perf_counter() - started}
     context.log(f"spilled {train.num_rows} training and {validation.num_rows} "
                 f"validation rows in {args['spill_seconds']:.2f} s")
@@ -214,11 +217,11 @@ def fit_worker(context: WorkerContext, batches: Any, args: dict[str, Any]) -> by
     try:
         failpoints.hit(args["failpoint"], "torch.rendezvous", context.rank)
         backend.init(context, device)  # the rendezvous included
-        return _Trainer(context, backend, device, args).run(train, validation)
+        return _Trainer(context, backend, device, args).run(train, validation, scan)
     except Exception as err:
         # Before the shutdown below: the peers fail once this rank's links close, and the
         # driver keeps the first failure it hears of an attempt as the root cause.
-        context.report_failure(context.failure_message(err))
+        context.report_failure(err)
         raise
     finally:
         backend.shutdown()
@@ -235,13 +238,19 @@ class _Trainer:
         self.loss, self.loss_fn = args["loss"], args["loss_fn"]  # the name, what to call
         self.clock = StepClock()
 
-    def run(self, train: SpilledRows, validation: SpilledRows) -> bytes | None:
+    def run(self, train: SpilledRows, validation: SpilledRows,
+            scan: PartitionScan) -> bytes | None:
         import torch
 
+        from sparkdist.torchtrain.datacheck import check_stats, combine
         from sparkdist.torchtrain.feed import step_sizes
 
         args, world = self.args, self.context.world_size
-        counts = self._all_counts(train.num_rows, validation.num_rows)
+        # every rank's row counts and input figures, by one all-reduce; every rank applies the
+        # same checks to the same totals, so all of them stop (or go on) together
+        table = self._gather([train.num_rows, validation.num_rows, *scan.figures()]).numpy()
+        check_stats(combine(table[:, 2:]), args["rules"])
+        counts = table[:, :2].astype("int64")
         # batchSize is per worker, as in DDP and Horovod: a step takes batchSize x world rows
         self.steps = max(1, math.ceil(int(counts[:, 0].sum()) / (args["batch_size"] * world)))
         self.global_sizes: Any = sum(step_sizes(int(n), self.steps) for n in counts[:, 0])
@@ -413,10 +422,6 @@ class _Trainer:
         if classification:
             metrics["val_accuracy"] = float(sums[1]) / self.rows[1]
         return metrics
-
-    def _all_counts(self, train_rows: int, validation_rows: int) -> Any:
-        """Every rank's (training, validation) row counts, by one all-reduce."""
-        return self._gather([train_rows, validation_rows]).long().numpy()
 
     def _all_ranks(self, train_seconds: float) -> list[dict[str, Any]]:
         """Every rank's time split and peak memory (one all-reduce, after the last epoch)."""
