@@ -1,0 +1,90 @@
+"""TorchEstimator's value checks in the training ranks (no Spark): a partition scan drops the
+flagged rows and notes its figures, the ranks' figures combine, the rules raise the driver's
+typed errors, and the driver ends the fit at once with that error."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from sparkdist.exceptions import ParamError, SchemaError
+from sparkdist.launch.barrier import _Attempts
+from sparkdist.torchtrain.datacheck import PartitionScan, check_stats, combine
+
+RULES = {"source": "features", "label_col": "label", "nan_policy": "error", "batch_size": 2,
+         "loss": "bce", "num_classes": 0}
+
+
+def _batch(features, labels, bad) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pydict({"features": features, "label": labels, "is_bad": bad},
+                                      schema=pa.schema([("features", pa.list_(pa.float32())),
+                                                        ("label", pa.float32()),
+                                                        ("is_bad", pa.bool_())]))
+
+
+def _scan(*batches: pa.RecordBatch, dim: int = 2) -> tuple[list[pa.RecordBatch], list[float]]:
+    scan = PartitionScan(batches, dim)
+    kept = list(scan)
+    return kept, scan.figures()
+
+
+def test_a_scan_drops_flagged_rows_and_notes_the_partition():
+    kept, figures = _scan(_batch([[0, 1], None, [1, 1]], [1.0, 0.0, 0.0], [False, True, False]),
+                          _batch([[2, 2]], [1.0], [False]))
+    assert [batch.num_rows for batch in kept] == [2, 1]
+    assert "is_bad" not in kept[0].schema.names
+    assert figures == [4, 1, 2, 2, 0.0, 1.0, 0]
+
+
+def test_rows_of_another_length_are_not_passed_on_but_counted():
+    kept, figures = _scan(_batch([[0, 1], [1, 1, 1]], [1.0, 0.5], [False, False]))
+    assert kept[0].num_rows == 1
+    assert figures[2:4] == [2, 3] and figures[-1] == 1  # lengths 2..3, one fractional label
+
+
+def test_the_ranks_figures_combine_and_empty_ranks_do_not_count():
+    _, first = _scan(_batch([[0, 1], [1, 1]], [1.0, 0.0], [False, False]))
+    _, empty = _scan()
+    stats = combine(np.array([first, empty]))
+    assert stats == {"rows": 2, "bad_rows": 0, "fractional": 0, "min_dim": 2, "max_dim": 2,
+                     "min_label": 0.0, "max_label": 1.0}
+    check_stats(stats, RULES)  # a good input passes
+
+
+@pytest.mark.parametrize("change, error, match", [
+    ({"rows": 0}, SchemaError, "empty DataFrame"),
+    ({"max_dim": 3}, SchemaError, "between 2 and 3 values"),
+    ({"bad_rows": 1}, SchemaError, "1 of 10 rows have NaN, infinite or null"),
+    ({"max_label": 2.0}, SchemaError, "use loss='cross_entropy'"),
+    ({"rows": 1}, ParamError, "batchSize=2 exceeds the 1 usable rows"),
+])
+def test_the_rules_raise_the_typed_error_that_names_the_fix(change, error, match):
+    stats = {"rows": 10, "bad_rows": 0, "fractional": 0, "min_dim": 2, "max_dim": 2,
+             "min_label": 0.0, "max_label": 1.0, **change}
+    with pytest.raises(error, match=match):
+        check_stats(stats, RULES)
+
+
+def test_dropping_bad_rows_is_allowed_when_asked():
+    stats = {"rows": 10, "bad_rows": 3, "fractional": 0, "min_dim": 2, "max_dim": 2,
+             "min_label": 0.0, "max_label": 1.0}
+    check_stats(stats, {**RULES, "nan_policy": "drop"})
+
+
+def test_a_rank_s_input_error_ends_the_fit_at_once_with_its_type():
+    cancelled = []
+    attempts = _Attempts(3, lambda: cancelled.append(True))
+    attempts.record({"failure": "rank 1 of 2 failed: SchemaError: ...", "rank": 1,
+                     "attempt": 7, "world_size": 2,
+                     "input_error": {"type": "SchemaError", "message": "3 of 9 rows have NaN"}})
+    assert cancelled == [True] and attempts.gave_up
+    assert isinstance(attempts.input_error, SchemaError)
+    assert str(attempts.input_error) == "3 of 9 rows have NaN"
+
+
+def test_an_unknown_error_type_is_an_ordinary_failure():
+    attempts = _Attempts(3, lambda: None)
+    attempts.record({"failure": "boom", "attempt": 1, "world_size": 2,
+                     "input_error": {"type": "SystemExit", "message": "x"}})
+    assert attempts.input_error is None and not attempts.gave_up and attempts.last == "boom"
