@@ -20,6 +20,7 @@ import datetime
 import os
 from typing import TYPE_CHECKING, Any
 
+from sparkdist.columns import check_one_of
 from sparkdist.exceptions import ParamError
 
 if TYPE_CHECKING:
@@ -44,11 +45,8 @@ def horovod_available() -> bool:
 
 def make_backend(name: str) -> TorchBackend | HorovodBackend:
     """The backend called ``name`` (one of :data:`BACKENDS`)."""
-    if name == "torch":
-        return TorchBackend()
-    if name == "horovod":
-        return HorovodBackend()
-    raise ParamError(f"backend={name!r} is not one of {BACKENDS}.")
+    check_one_of("backend", name, BACKENDS)
+    return HorovodBackend() if name == "horovod" else TorchBackend()
 
 
 class TorchBackend:
