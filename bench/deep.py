@@ -1,26 +1,29 @@
-"""TorchEstimator: feed throughput, scaling, fixed overhead and Spark barrier syncs per fit.
+"""TorchEstimator against its references, each figure a ratio of two things measured in the
+same run (issue 14, "Benchmark protocol"; docs: ../shared/design.md section 5).
 
-(a) feed: rows/s the training loop consumes (a linear model, large batches) against a bare
-    barrier ``mapInArrow`` that only counts the rows of the same cached DataFrame (target
-    >= 0.8). Headline: the first epoch, fed from Spark: ``rows / (spill + epoch 1 seconds)``
-    on rank 0 over ``rows / bare job time``; also reported: later epochs (memory-mapped
-    feed) and the whole fit's wall time, fixed costs included.
-(b) scaling: samples/s of a compute-bound MLP on 2 workers against 1, same global batch, one
-    thread per worker, from the per-epoch times rank 0 records (epochs 2..N; target >= 1.7).
-    Compute-bound: a batch of 2048 rows per step, so that a step's arithmetic outweighs its
-    gradient all-reduce.
-(c) overhead: wall time of a one-step fit (rows == batchSize) against TorchDistributor
-    (num_processes=2, local_mode=False) running the same single DDP step (target <= 0.5).
-(d) syncs: Spark barrier syncs per fit, counted twice: by Spark's BarrierCoordinator (its INFO
-    line per completed sync) and by the lines rank 0 logs before each sync (target <= 2).
+Every side is timed the same way: wall clock on the driver around the whole call. Each figure
+is the median of ``--repeats`` (3) timed calls per side, after one untimed warm-up of each
+side, the sides alternating (A B A B A B). Each figure carries its definition in the JSON.
 
-Every fit's executor output is captured to count (d): in local mode the executors' Python
-workers write through the JVM, whose stdout/stderr are inherited from this process when the
-SparkSession starts. A ``dup2`` in this process after that point does not reach the JVM, so the
-capture is set up before the session starts and kept for the whole run. Prints one JSON line
-and saves it as bench/results/deep.json.
+- feed: rows/s of a 1-epoch linear fit against a bare barrier ``mapInArrow`` doing the same
+  JVM vector-to-array conversion and building the same float32 matrices (target >= 0.8).
+- memory: max peak RSS over the training workers at 4N rows against N rows (<= 1.2).
+- scaling: samples/s of 2 workers against 1 at the default batchSize, optimizer and learning
+  rate (>= 1.5); the same at batchSize 8192; the machine's ceiling for context.
+- time_to_accuracy: wall time for 2 workers against 1 to reach a validation accuracy (<= 0.65).
+- overhead: a 1-step fit against ``TorchDistributor.run`` of the same DDP step, cold (each call
+  in a fresh process) (<= 0.35) and warm (<= 0.15).
+- recovery: extra wall time of a fit whose worker is SIGKILLed mid-epoch, against one cold
+  1-step fit plus one checkpoint interval (<= 1.0).
+- barrier_syncs: Spark barrier syncs per fit, from Spark's BarrierCoordinator log lines.
 
-    python bench/deep.py [--rows 400000] [--repeats 3]
+The executors' output reaches this process's stdout/stderr through the JVM, so they are
+captured into a file before the SparkSession starts (for the sync count); progress goes to
+the original stderr. Prints one JSON line; a full run (no --quick, no --only) where every
+section succeeded also saves it as bench/results/deep.json. A section that fails records
+{"error": ...}, the others still run, and the exit status is 1.
+
+    python bench/deep.py [--quick] [--repeats 3] [--feed-rows 2500000] ...
 """
 
 from __future__ import annotations
@@ -31,23 +34,31 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results" / "deep.json"
-SETTLE_S = 0.5  # for the JVM to copy the executors' last lines into the capture
+SETTLE_S = 0.3  # for the JVM to copy the executors' last lines into the capture
+SPARK_CONF = {"spark.sql.shuffle.partitions": "2"}
+PROTOCOL = ("wall clock on the driver around the whole call; median of {n} per side after one "
+            "untimed warm-up of each side; the sides alternate")
+STEP_MODEL = {"features": 64, "hidden": [512, 512], "batch_size": 256, "workers": 2}
 
 
+# ---------------------------------------------------------------------------- measuring
 class Capture:
     """This process's stdout and stderr, and with them the JVM's, in one temporary file."""
 
     def __init__(self) -> None:
         self.file = tempfile.TemporaryFile()
         self.saved: tuple[int, int] | None = None
+        self.calls: list[dict[str, int]] = []  # barrier syncs of each counted timed call
 
     def __enter__(self) -> Capture:
         sys.stdout.flush(), sys.stderr.flush()
@@ -65,6 +76,11 @@ class Capture:
         if error is not None:  # the executors' side of the story
             print(self.text_since(0)[-6000:], file=sys.stderr)
 
+    def log(self, message: str) -> None:
+        """A progress line on the real stderr."""
+        if self.saved is not None:
+            os.write(self.saved[1], f"[bench/deep {time.strftime('%X')}] {message}\n".encode())
+
     def offset(self) -> int:
         return os.fstat(self.file.fileno()).st_size
 
@@ -74,34 +90,119 @@ class Capture:
 
 
 def sync_counts(text: str) -> dict[str, int]:
-    """Barrier syncs in a stretch of captured output, as Spark and as sparkdist see them."""
-    from sparkdist.launch.barrier import SYNC_LOG_PREFIX
+    """Barrier syncs in a stretch of captured output, as Spark and as sparkdist's rank 0 see
+    them."""
+    from sparkdist.launch import barrier
 
     lines = text.splitlines()
+    prefix = "[sparkdist rank 0] "
     return {"spark": sum("BarrierCoordinator" in line and "finished successfully" in line
                          for line in lines),
-            "rank0_logged": sum(f"[sparkdist rank 0] {SYNC_LOG_PREFIX}" in line
-                                for line in lines)}
+            "rank0_logged": sum(prefix + barrier.SYNC_LOG_PREFIX in line for line in lines),
+            "driver_rendezvous": sum(
+                prefix + getattr(barrier, "DRIVER_RENDEZVOUS_LOG_PREFIX", "\0") in line
+                for line in lines)}
 
 
-def timed(capture: Capture, run: Callable[[], Any]) -> tuple[float, Any, dict[str, int]]:
-    """Wall seconds of ``run()``, its result and the barrier syncs it made."""
+@dataclass
+class Side:
+    """The timed calls of one side of a comparison."""
+
+    seconds: list[float] = field(default_factory=list)
+    results: list[Any] = field(default_factory=list)
+    syncs: list[dict[str, int]] = field(default_factory=list)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.seconds)
+
+
+def timed(capture: Capture, call: Callable[[], Any],
+          count: bool = True) -> tuple[float, Any, dict[str, int]]:
+    """Wall seconds of ``call()``, its result and the barrier syncs it made (kept for the
+    per-fit count when ``count``)."""
     start = capture.offset()
     begin = time.perf_counter()
-    result = run()
+    result = call()
     seconds = time.perf_counter() - begin
     time.sleep(SETTLE_S)
-    return seconds, result, sync_counts(capture.text_since(start))
+    syncs = sync_counts(capture.text_since(start))
+    if count:
+        capture.calls.append(syncs)
+    return seconds, result, syncs
 
 
-def features_frame(spark: Any, rows: int, dim: int, seed: int) -> Any:
-    """Cached ``features`` array<float> and 0/1 ``label``, in 2 partitions."""
+def alternate(capture: Capture, sides: dict[str, Callable[[], Any]], repeats: int, *,
+              warm_up: bool = True, after: dict[str, Callable[[], Any]] | None = None,
+              fits: Collection[str] = ()) -> dict[str, Side]:
+    """One untimed call of each side, then ``repeats`` rounds of one timed call per side in
+    the given order (A B A B ...). ``after[name]`` runs untimed after each call of that side
+    (warm-up included); the barrier syncs of the sides named in ``fits`` (TorchEstimator
+    fits) count for the per-fit figure."""
+    after = after or {}
+    if warm_up:
+        for name, call in sides.items():
+            call()
+            if name in after:
+                after[name]()
+    measured = {name: Side() for name in sides}
+    for _ in range(repeats):
+        for name, call in sides.items():
+            seconds, result, syncs = timed(capture, call, name in fits)
+            measured[name].seconds.append(seconds)
+            measured[name].results.append(result)
+            measured[name].syncs.append(syncs)
+            if name in after:
+                after[name]()
+    return measured
+
+
+def verdict(ratio: float | None, target: str) -> bool | None:
+    """Whether ``ratio`` meets a target written as '>= x' or '<= x'."""
+    if ratio is None:
+        return None
+    sign, bound = target.split()
+    return ratio >= float(bound) if sign == ">=" else ratio <= float(bound)
+
+
+def figure(ratio: float | None, target: str, definition: str, **fields: Any) -> dict:
+    rounded = None if ratio is None else round(ratio, 3)
+    return {"ratio": rounded, "target": target, "meets_target": verdict(rounded, target),
+            **fields, "definition": definition}
+
+
+def rounded(values: list[float], digits: int = 3) -> list[float]:
+    return [round(v, digits) for v in values]
+
+
+# ---------------------------------------------------------------------------- data, estimators
+def session(conf: dict[str, str]) -> Any:
+    """bench/_common.py's session (local[2] or $SPARKDIST_MASTER), plus ``conf``."""
+    from _common import start_spark  # bench/ is on sys.path: run as python bench/deep.py
+
+    return start_spark("sparkdist-bench-deep", {**SPARK_CONF, **conf})
+
+
+def vector_frame(spark: Any, rows: int, dim: int, seed: int, partitions: int) -> Any:
+    """Cached: an ML vector ``features`` column of ``dim`` uniform values and a 0/1 ``label``,
+    in ``partitions`` partitions, built in the JVM (no Python worker starts)."""
+    from pyspark.ml.functions import array_to_vector
     from pyspark.sql import functions as F
 
-    features = F.array(*[F.rand(seed * 1000 + i).cast("float") for i in range(dim)])
-    df = (spark.range(rows, numPartitions=2).select(features.alias("features"))
-          .withColumn("label", (F.col("features")[0] + F.col("features")[1] > 1).cast("float"))
+    values = F.array(*[F.rand(seed * 1000 + i) for i in range(dim)])
+    df = (spark.range(rows, numPartitions=partitions).select(values.alias("v"))
+          .select(array_to_vector("v").alias("features"),
+                  (F.col("v")[0] + F.col("v")[1] > 1).cast("double").alias("label"))
           .cache())
+    assert df.count() == rows
+    return df
+
+
+def nonlinear_frame(spark: Any, rows: int, seed: int, partitions: int) -> Any:
+    """Cached ``datasets.make_nonlinear`` rows (features array<float> of 8, label 0/1)."""
+    from sparkdist.datasets import make_nonlinear
+
+    df = spark.createDataFrame(make_nonlinear(rows, seed=seed)).repartition(partitions).cache()
     assert df.count() == rows
     return df
 
@@ -109,100 +210,168 @@ def features_frame(spark: Any, rows: int, dim: int, seed: int) -> Any:
 def estimator(**kwargs: Any) -> Any:
     from sparkdist.models import TorchEstimator
 
-    defaults = {"learningRate": 0.01, "seed": 1, "progress": False}
-    return TorchEstimator(**{**defaults, **kwargs})
+    return TorchEstimator(**{"seed": 1, "progress": False, **kwargs})
 
 
-# ------------------------------------------------------------------------------------ (a) feed
-def count_rows(batches: Iterator[Any]) -> Iterator[Any]:
+def batch_per_worker() -> bool:
+    """Whether batchSize counts rows per worker (DDP, Horovod) rather than in all."""
+    from sparkdist.models import TorchEstimator
+
+    return "per worker" in TorchEstimator().getParam("batchSize").doc
+
+
+def ranks_of(model: Any) -> list[dict] | None:
+    """The per-rank figures of a fit (``trainingSummary["ranks"]``), None where absent."""
+    return model.trainingSummary.get("ranks")
+
+
+# ------------------------------------------------------------------------------------ feed
+def matrices_counted(batches: Iterator[Any]) -> Iterator[Any]:
+    """The bare reference's task: each Arrow batch into a float32 matrix and labels; count."""
+    import numpy as np
     import pyarrow as pa
 
-    rows = sum(batch.num_rows for batch in batches)
+    rows = 0
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        values = batch.column(0).flatten().to_numpy(zero_copy_only=False)
+        matrix = values.astype(np.float32, copy=False).reshape(batch.num_rows, -1)
+        labels = batch.column(1).to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
+        rows += min(len(matrix), len(labels))
     yield pa.RecordBatch.from_pydict({"rows": pa.array([rows], pa.int64())})
 
 
-def bare_feed(df: Any) -> int:
-    """The reference: a barrier stage that reads every row into Python and counts them."""
-    counted = (df.select("features", "label").mapInArrow(count_rows, "rows long", barrier=True)
+def bare_feed(df: Any, workers: int) -> int:
+    """A barrier stage over ``df`` like the fit's: vector_to_array(float32) in the JVM, one
+    partition per worker (by the fit's own rule), Arrow batches into matrices, a shuffle and a
+    collect after the stage. Returns the rows it read."""
+    from pyspark.ml.functions import vector_to_array
+    from pyspark.sql import functions as F
+
+    from sparkdist.launch.barrier import _with_partitions
+
+    arrays = df.select(vector_to_array(F.col("features"), "float32").alias("features"),
+                       F.col("label").cast("float").alias("label"))
+    counted = (_with_partitions(arrays, workers)
+               .mapInArrow(matrices_counted, "rows long", barrier=True)
                .repartition(1).collect())
     return sum(row["rows"] for row in counted)
 
 
-def feed(spark: Any, capture: Capture, rows: int, epochs: int, repeats: int,
-         syncs: list[dict]) -> dict:
-    df = features_frame(spark, rows, 32, seed=1)
-    est = estimator(modelKwargs={"hidden": []}, epochs=epochs, numWorkers=2, batchSize=4096)
-    assert bare_feed(df) == rows  # warm-up: Python workers, for both sides alike
-    est.fit(df)
-    bare, fits, spills, first, later = [], [], [], [], []
-    for _ in range(repeats):
-        bare.append(timed(capture, lambda: bare_feed(df))[0])
-        seconds, model, counted = timed(capture, lambda: est.fit(df))
-        fits.append(seconds)
-        syncs.append(counted)
-        spills.append(model.trainingSummary["spill_seconds"])
-        first.append(spills[-1] + model.history[0]["seconds"])
-        later.append(statistics.median(record["seconds"] for record in model.history[1:]))
-    bare_s, fit_s, spill_s, first_s, later_s = (statistics.median(x) for x in
-                                                (bare, fits, spills, first, later))
-    reference = rows / bare_s
-    rates = {"spill": rows / spill_s, "first_epoch": rows / first_s, "later_epochs": rows / later_s,
-             "wall": rows * epochs / fit_s}
-    df.unpersist()
+def feed(capture: Capture, df: Any, rows: int, repeats: int) -> tuple[dict, list[Any]]:
+    """Figure and the timed fits' models (memory uses them: they are its 4N side)."""
+    settings = {"modelKwargs": {"hidden": []}, "epochs": 1, "numWorkers": 2, "batchSize": 4096}
+    est = estimator(**settings)
+
+    def bare() -> int:
+        counted = bare_feed(df, 2)
+        assert counted == rows, counted
+        return counted
+
+    sides = alternate(capture, {"fit": lambda: est.fit(df), "bare": bare}, repeats,
+                      fits={"fit"})
+    fit, reference = sides["fit"], sides["bare"]
+    result = figure(
+        reference.median / fit.median, ">= 0.8",
+        "rows/s of TorchEstimator.fit (linear model, 1 epoch, 2 workers, batchSize 4096, "
+        "progress off) over rows/s of a bare barrier mapInArrow that converts the vector "
+        "column with vector_to_array(float32) in the JVM, has one partition per worker by the "
+        "fit's own rule, turns each Arrow batch into a float32 numpy matrix, counts the rows "
+        "and ends in .repartition(1).collect() like the fit's stage; both over the same cached "
+        "DataFrame (ML vector features). rows/s = rows / wall seconds of the whole call; "
+        + PROTOCOL.format(n=repeats),
+        rows=rows, features=32, settings=settings,
+        fit_rows_per_s=round(rows / fit.median), bare_rows_per_s=round(rows / reference.median),
+        fit_s=round(fit.median, 3), bare_s=round(reference.median, 3),
+        fit_runs_s=rounded(fit.seconds), bare_runs_s=rounded(reference.seconds),
+        bare_at_least_3_s=reference.median >= 3.0, ranks=ranks_of(fit.results[-1]))
+    return result, fit.results
+
+
+# ---------------------------------------------------------------------------------- memory
+def peak_rss(models: list[Any]) -> float | None:
+    """The largest peak RSS (MiB) of any rank in any of the fits; None without per-rank data."""
+    peaks = [rank["peak_rss_mb"] for model in models for rank in (ranks_of(model) or [])]
+    return max(peaks) if peaks and all(ranks_of(m) for m in models) else None
+
+
+def memory(small: Any, rows: int, large_models: list[Any]) -> dict:
+    """Peak RSS of the feed's fits (4N rows) against the same fit on N = rows / 4 rows."""
+    est = estimator(modelKwargs={"hidden": []}, epochs=1, numWorkers=2, batchSize=4096)
+    small_models = [est.fit(small)]
+    definition = ("max over ranks of each training worker's peak RSS (VmHWM since the fit "
+                  "started, trainingSummary['ranks'][i]['peak_rss_mb']) in the feed's fits "
+                  "(4N rows) over the same in one fit of the same settings on N rows, a "
+                  "separately cached DataFrame of the same shape; flat within 20% meets it")
+    large_peak, small_peak = peak_rss(large_models), peak_rss(small_models)
+    fields = {"rows_n": rows // 4, "rows_4n": rows}
+    if large_peak is None or small_peak is None:
+        return {**fields, "ratio": None, "target": "<= 1.2", "meets_target": None,
+                "skipped": "model.trainingSummary has no 'ranks' (per-rank peak_rss_mb) yet",
+                "definition": definition}
+    return figure(large_peak / small_peak, "<= 1.2", definition, **fields,
+                  peak_rss_mb_n=round(small_peak, 1), peak_rss_mb_4n=round(large_peak, 1),
+                  ranks_n=ranks_of(small_models[0]), ranks_4n=ranks_of(large_models[-1]))
+
+
+# --------------------------------------------------------------------------------- scaling
+def speedup(capture: Capture, frames: dict[int, Any], rows: int, epochs: int, repeats: int,
+            **settings: Any) -> dict:
+    """samples/s of 2 workers over 1 for the given settings (defaults for the rest)."""
+    hidden = [256, 256]
+    fits = {f"workers_{n}": (lambda n=n: estimator(  # type: ignore[misc]
+        modelKwargs={"hidden": hidden}, epochs=epochs, numWorkers=n, **settings).fit(frames[n]))
+        for n in (1, 2)}
+    sides = alternate(capture, fits, repeats, fits=set(fits))
+    one, two = sides["workers_1"], sides["workers_2"]
+    per_s = {name: rows * epochs / side.median for name, side in sides.items()}
     return {
-        "rows": rows, "features": 32, "epochs": epochs, "batch_size": 4096, "model": "linear",
-        "workers": 2, "bare_mapInArrow_s": round(bare_s, 3), "fit_s": round(fit_s, 3),
-        "spill_s": round(spill_s, 3), "first_epoch_s": round(first_s, 3),
-        "later_epoch_s": round(later_s, 3),
-        "bare_rows_per_s": round(reference),
-        **{f"loop_rows_per_s_{k}": round(v) for k, v in rates.items()},
-        "ratio": round(rates["first_epoch"] / reference, 3),
-        "ratio_spill": round(rates["spill"] / reference, 3),
-        "ratio_later_epochs": round(rates["later_epochs"] / reference, 3),
-        "ratio_wall": round(rates["wall"] / reference, 3),
-        "note": "ratio (headline): rows / (rank 0's spill of its partition from Spark + its "
-                "first epoch) over rows / time of a barrier mapInArrow that only counts the "
-                "rows; ratio_spill: the Spark-to-local-file read alone (no training); "
-                "ratio_later_epochs: epochs 2..N, fed from the memory-mapped spill; "
-                "ratio_wall: rows*epochs / fit wall time, fixed costs (data check job, "
-                "rendezvous, process group, weights back) included."}
+        "ratio": round(per_s["workers_2"] / per_s["workers_1"], 3),
+        "settings": {"hidden": hidden, "epochs": epochs, **settings},
+        **{f"samples_per_s_{name}": round(value) for name, value in per_s.items()},
+        "fit_s_workers_1": round(one.median, 3), "fit_s_workers_2": round(two.median, 3),
+        "runs_s_workers_1": rounded(one.seconds), "runs_s_workers_2": rounded(two.seconds),
+        "epoch_s_workers_1": rounded([e["seconds"] for e in one.results[-1].history]),
+        "epoch_s_workers_2": rounded([e["seconds"] for e in two.results[-1].history]),
+        "steps_per_epoch": {"workers_1": one.results[-1].trainingSummary["steps_per_epoch"],
+                            "workers_2": two.results[-1].trainingSummary["steps_per_epoch"]},
+        "ranks_workers_2": ranks_of(two.results[-1])}
 
 
-# --------------------------------------------------------------------------------- (b) scaling
-def scaling(spark: Any, capture: Capture, rows: int, epochs: int, syncs: list[dict]) -> dict:
-    df = features_frame(spark, rows, 64, seed=2)
-    hidden, batch = [256, 256], 8192
-    figures: dict[str, Any] = {"rows": rows, "features": 64, "hidden": hidden,
-                               "epochs": epochs, "batch_size": batch, "threads_per_worker": 1}
-    samples_per_s = {}
-    for workers in (1, 2):
-        est = estimator(modelKwargs={"hidden": hidden}, epochs=epochs, numWorkers=workers,
-                        batchSize=batch, learningRate=0.001)
-        seconds, model, counted = timed(capture, lambda: est.fit(df))  # noqa: B023 (called at once)
-        syncs.append(counted)
-        timed_epochs = [record["seconds"] for record in model.history[1:]]
-        samples_per_s[workers] = rows / statistics.median(timed_epochs)
-        figures[f"workers_{workers}"] = {
-            "fit_s": round(seconds, 3), "epoch_s": [round(s, 3) for s in timed_epochs],
-            "samples_per_s": round(samples_per_s[workers])}
-    df.unpersist()
-    figures["speedup"] = round(samples_per_s[2] / samples_per_s[1], 3)
-    ceiling, single = machine_ceiling(64, hidden, batch, rows // batch)
-    figures["machine_ceiling"] = ceiling
-    figures["single_process_samples_per_s"] = round(single)
-    figures["workers_1_vs_single_process"] = round(samples_per_s[1] / single, 3)
-    figures["note"] = ("samples/s = rows / median epoch time on rank 0, epochs 2..N (epoch 1 "
-                       "warms up); spark.task.cpus=1, so each worker trains on one thread. "
-                       "machine_ceiling: the same steps in 2 independent processes (half the "
-                       "batch each, no gradient exchange, no Spark) against 1, i.e. the most "
-                       "any data-parallel trainer could reach on this machine. "
-                       "single_process: the same steps as a plain torch loop on one thread, "
-                       "no Spark")
-    return figures
+def scaling(capture: Capture, frames: dict[int, Any], rows: int, epochs: int,
+            repeats: int) -> dict:
+    from sparkdist.models import TorchEstimator
+
+    default_batch = TorchEstimator().getOrDefault("batchSize")
+    at_defaults = speedup(capture, frames, rows, epochs, repeats)
+    large = speedup(capture, frames, rows, epochs, repeats, batchSize=8192)
+    steps = max(4, rows // default_batch // 4)
+    ceiling = {str(batch): machine_ceiling(64, [256, 256], batch, max(2, steps * 256 // batch))
+               for batch in (default_batch, 8192)}
+    return {
+        **figure(at_defaults["ratio"], ">= 1.5",
+                 "samples/s = rows x epochs / wall seconds of the whole fit, 2 workers over "
+                 "1; MLP hidden [256, 256] on 64 ML-vector features, the default batchSize "
+                 f"({default_batch}), optimizer and learningRate (not passed); each side's "
+                 "input cached with one partition per worker; "
+                 + PROTOCOL.format(n=repeats)),
+        "rows": rows, "features": 64, "batch_size_default": default_batch,
+        "batch_size_is_per_worker": batch_per_worker(),
+        "epoch_at_least_2_s": min(at_defaults["epoch_s_workers_1"]) >= 2.0,
+        "at_defaults": at_defaults,
+        "batch_8192": large,
+        "machine_ceiling": ceiling,
+        "machine_ceiling_definition": (
+            "the same MLP's training steps (Adam) as plain torch loops, one thread per "
+            "process, no Spark: samples/s of 2 independent processes at once over 1, each "
+            "process with the same batch (the per-process batch); the most a data-parallel "
+            "trainer could reach here, with no gradient exchange")}
 
 
-def local_steps(input_dim: int, hidden: list[int], rows: int, steps: int) -> float:
-    """Seconds for ``steps`` plain training steps on ``rows`` rows, one thread."""
+def local_steps(input_dim: int, hidden: list[int], batch: int, steps: int) -> float:
+    """Seconds for ``steps`` plain training steps on ``batch`` rows, one thread (best of 2
+    after a warm-up round)."""
     import torch
     import torch.nn.functional as F
 
@@ -211,9 +380,9 @@ def local_steps(input_dim: int, hidden: list[int], rows: int, steps: int) -> flo
     torch.set_num_threads(1)
     model = MLP(input_dim, 1, hidden)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.001)
-    x, y = torch.randn(rows, input_dim), torch.randint(0, 2, (rows,)).float()
+    x, y = torch.randn(batch, input_dim), torch.randint(0, 2, (batch,)).float()
     timings = []
-    for _ in range(3):  # the first round warms up
+    for _ in range(3):
         begin = time.perf_counter()
         for _ in range(steps):
             loss = F.binary_cross_entropy_with_logits(model(x).squeeze(-1), y)
@@ -224,10 +393,8 @@ def local_steps(input_dim: int, hidden: list[int], rows: int, steps: int) -> flo
     return min(timings[1:])
 
 
-def machine_ceiling(input_dim: int, hidden: list[int], batch: int,
-                    steps: int) -> tuple[float, float]:
-    """Speedup of 2 independent single-thread processes (half batch each) over 1, and the
-    samples/s of the one (a plain single-process torch loop)."""
+def machine_ceiling(input_dim: int, hidden: list[int], batch: int, steps: int) -> dict:
+    """Samples/s of 2 independent single-thread processes over 1, same batch each."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
@@ -235,13 +402,57 @@ def machine_ceiling(input_dim: int, hidden: list[int], batch: int,
     with ProcessPoolExecutor(1, mp_context=spawn) as pool:
         one = pool.submit(local_steps, input_dim, hidden, batch, steps).result()
     with ProcessPoolExecutor(2, mp_context=spawn) as pool:
-        two = max(pool.map(local_steps, *zip(*[(input_dim, hidden, batch // 2, steps)] * 2)))
-    return round(one / two, 3), batch * steps / one
+        two = max(pool.map(local_steps, *zip(*[(input_dim, hidden, batch, steps)] * 2)))
+    return {"ratio": round(2 * one / two, 3), "batch_per_process": batch, "steps": steps,
+            "single_process_samples_per_s": round(batch * steps / one)}
 
 
-# -------------------------------------------------------------------------------- (c) overhead
-def one_ddp_step(input_dim: int, hidden: list[int], batch_size: int, seed: int) -> float:
-    """TorchDistributor's side: the same MLP, one DDP step on batch_size random rows in all."""
+# ------------------------------------------------------------------------ time to accuracy
+def time_to(model: Any, wall_s: float, threshold: float) -> float | None:
+    """Seconds a fit took to reach ``threshold`` validation accuracy: its fixed costs (wall
+    time minus the epochs' seconds) plus the epochs up to the first that reached it."""
+    history = model.history
+    fixed = wall_s - sum(record["seconds"] for record in history)
+    spent = fixed
+    for record in history:
+        spent += record["seconds"]
+        if record.get("val_accuracy", 0.0) >= threshold:
+            return spent
+    return None
+
+
+def time_to_accuracy(capture: Capture, frames: dict[int, Any], rows: int, epochs: int,
+                     threshold: float, repeats: int) -> dict:
+    fits = {f"workers_{n}": (lambda n=n: estimator(  # type: ignore[misc]
+        epochs=epochs, numWorkers=n, validationFraction=0.1).fit(frames[n])) for n in (1, 2)}
+    sides = alternate(capture, fits, repeats, fits=set(fits))
+    reached: dict[str, list[float | None]] = {
+        name: [time_to(model, s, threshold) for model, s in zip(side.results, side.seconds)]
+        for name, side in sides.items()}
+    medians = {name: (statistics.median(times) if None not in times else None)
+               for name, times in reached.items()}
+    one, two = medians["workers_1"], medians["workers_2"]
+    return figure(
+        two / one if one and two else None, "<= 0.65",
+        f"seconds for 2 workers over 1 to reach validation accuracy {threshold} on "
+        f"datasets.make_nonlinear({rows}, dim=8) (10% held out by validationFraction), "
+        "default MLP, batchSize, optimizer and learningRate; one fit of "
+        f"{epochs} epochs per run, and its time to the threshold = (fit wall time - sum of "
+        "the epochs' seconds) + the seconds of the epochs up to the first whose val_accuracy "
+        "reaches it; None where a side never reached it; " + PROTOCOL.format(n=repeats),
+        threshold=threshold, rows=rows, epochs=epochs,
+        **{f"seconds_{name}": (round(m, 3) if m else None) for name, m in medians.items()},
+        **{f"runs_s_{name}": [round(t, 3) if t else None for t in times]
+           for name, times in reached.items()},
+        **{f"val_accuracy_{name}": [round(e.get("val_accuracy", 0), 4)
+                                    for e in sides[name].results[-1].history]
+           for name in sides})
+
+
+# -------------------------------------------------------------------------------- overhead
+def one_ddp_step(input_dim: int, hidden: list[int], rows: int, seed: int) -> float:
+    """TorchDistributor's side: the same MLP, one DDP step on ``rows`` random rows per
+    process."""
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -256,7 +467,6 @@ def one_ddp_step(input_dim: int, hidden: list[int], batch_size: int, seed: int) 
         model = DistributedDataParallel(MLP(input_dim, 1, hidden))
         optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
         torch.manual_seed(seed + dist.get_rank())
-        rows = batch_size // dist.get_world_size()
         x, y = torch.randn(rows, input_dim), torch.randint(0, 2, (rows,)).float()
         loss = F.binary_cross_entropy_with_logits(model(x).squeeze(-1), y)
         optimizer.zero_grad()
@@ -267,90 +477,331 @@ def one_ddp_step(input_dim: int, hidden: list[int], batch_size: int, seed: int) 
         dist.destroy_process_group()
 
 
-def overhead(spark: Any, capture: Capture, repeats: int, syncs: list[dict]) -> dict:
-    """Per round: TorchDistributor, then a sparkdist fit (cold), then another (warm).
-
-    TorchDistributor's barrier tasks leave Spark's Python workers unusable for reuse, so the
-    fit right after it starts fresh workers and imports torch again ("cold"); the next fit
-    reuses them ("warm", the usual case for repeated fits in one session). TorchDistributor
-    starts new torchrun processes on every run, so each of its runs is cold by design.
-    """
+def step_calls(spark: Any) -> tuple[Any, dict[str, Callable[[], Any]]]:
+    """The 1-step fit and TorchDistributor's run of the same DDP step, and its data."""
     from pyspark.ml.torch.distributor import TorchDistributor
 
-    batch, dim, hidden = 256, 64, [512, 512]
-    df = features_frame(spark, batch, dim, seed=3)
-    est = estimator(modelKwargs={"hidden": hidden}, epochs=1, numWorkers=2, batchSize=batch)
-    distributor = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
-    times: dict[str, list[float]] = {"torch_distributor": [], "cold": [], "warm": []}
-    their_syncs = []
-    for _ in range(repeats):
-        seconds, loss, counted = timed(
-            capture, lambda: distributor.run(one_ddp_step, dim, hidden, batch, 1))
+    dim, hidden, batch, workers = (STEP_MODEL[k] for k in ("features", "hidden", "batch_size",
+                                                           "workers"))
+    per_worker = batch if batch_per_worker() else batch // workers
+    df = vector_frame(spark, per_worker * workers, dim, seed=3, partitions=workers)
+
+    def fit() -> Any:
+        model = estimator(modelKwargs={"hidden": hidden}, epochs=1, numWorkers=workers,
+                          batchSize=batch).fit(df)
+        assert model.trainingSummary["steps_per_epoch"] == 1, model.trainingSummary
+        return model
+
+    def distributor() -> float:
+        loss = TorchDistributor(num_processes=workers, local_mode=False, use_gpu=False).run(
+            one_ddp_step, dim, hidden, per_worker, 1)
         assert loss == loss  # a number came back
-        times["torch_distributor"].append(seconds)
-        their_syncs.append(counted["spark"])
-        for kind in ("cold", "warm"):
-            seconds, model, counted = timed(capture, lambda: est.fit(df))
-            assert model.history[0]["epoch"] == 1
-            times[kind].append(seconds)
-            syncs.append(counted)
+        return loss
+
+    return df, {"sparkdist": fit, "torch_distributor": distributor}
+
+
+def cold_call(side: str) -> None:
+    """In a fresh process (``--cold SIDE``): a SparkSession, the data (a JVM-only job, for
+    both sides alike), then one timed call; prints {"seconds": ...}."""
+    spark = session({})
+    _, calls = step_calls(spark)
+    begin = time.perf_counter()
+    calls[side]()
+    seconds = time.perf_counter() - begin
+    spark.stop()
+    print(json.dumps({"side": side, "seconds": seconds}))
+
+
+def cold_run(side: str) -> float:
+    done = subprocess.run([sys.executable, __file__, "--cold", side], capture_output=True,
+                          text=True, env=os.environ.copy())
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode or not lines:
+        raise RuntimeError(f"cold {side} run failed (exit {done.returncode}):\n"
+                           f"{done.stderr[-3000:]}")
+    return float(json.loads(lines[-1])["seconds"])
+
+
+def overhead(capture: Capture, spark: Any, repeats: int,
+             cold_rounds: int) -> tuple[dict, Callable[[], Any]]:
+    """The figures, and the 1-step fit (recovery re-warms Python workers with it)."""
+    df, calls = step_calls(spark)
+    cold: dict[str, list[float]] = {"sparkdist": [], "torch_distributor": []}
+    for _ in range(cold_rounds):
+        for side in cold:
+            cold[side].append(cold_run(side))
+    capture.log(f"overhead, cold runs: {cold}")
+    warm = alternate(capture, calls, repeats,
+                     after={"torch_distributor": calls["sparkdist"]}, fits={"sparkdist"})
+    cold_ratio = statistics.median(cold["sparkdist"]) / statistics.median(
+        cold["torch_distributor"])
+    warm_ratio = warm["sparkdist"].median / warm["torch_distributor"].median
+    setup = {**STEP_MODEL, "rows": df.count(), "steps": 1}
     df.unpersist()
-    theirs, warm, cold = (statistics.median(times[k]) for k in ("torch_distributor", "warm",
-                                                                 "cold"))
-    return {"rows": batch, "batch_size": batch, "hidden": hidden, "features": dim,
-            "workers": 2, "repeats": repeats, "sparkdist_s": round(warm, 3),
-            "sparkdist_cold_s": round(cold, 3), "torch_distributor_s": round(theirs, 3),
-            "ratio": round(warm / theirs, 3), "ratio_cold": round(cold / theirs, 3),
-            "torch_distributor_barrier_syncs": max(their_syncs),
-            "note": "ratio (headline): a fit whose Spark Python workers already imported torch "
-                    "(any earlier fit in the session) over TorchDistributor.run; ratio_cold: "
-                    "the fit right after TorchDistributor, which leaves no reusable Python "
-                    "workers, so it pays worker start and torch import like a first fit"}
+    definition = ("wall seconds of a 1-step TorchEstimator.fit (MLP {hidden} on {features} "
+                  "vector features, {workers} workers, batchSize {batch_size}, rows = one "
+                  "step's) over TorchDistributor(num_processes=2, local_mode=False, "
+                  "use_gpu=False).run of the same single DDP step (gloo, same MLP, Adam, "
+                  "the same rows per process)").format(**STEP_MODEL)
+    return {
+        "setup": setup,
+        "cold": figure(cold_ratio, "<= 0.35", definition + (
+            "; cold: each call is the first in a fresh Python process with its own "
+            "SparkSession (started, data cached by a JVM-only job, then the call timed), "
+            f"the two sides' processes alternating, median of {cold_rounds}"),
+            sparkdist_s=round(statistics.median(cold["sparkdist"]), 3),
+            torch_distributor_s=round(statistics.median(cold["torch_distributor"]), 3),
+            sparkdist_runs_s=rounded(cold["sparkdist"]),
+            torch_distributor_runs_s=rounded(cold["torch_distributor"])),
+        "warm": figure(warm_ratio, "<= 0.15", definition + (
+            "; warm: in one process after one warm-up of each side, alternating; an untimed "
+            "fit follows every TorchDistributor run (which leaves no reusable Python "
+            "workers), so each timed fit finds Spark's Python workers started with torch "
+            "imported (as any fit after the first in a session), "
+            f"median of {repeats}"),
+            sparkdist_s=round(warm["sparkdist"].median, 3),
+            torch_distributor_s=round(warm["torch_distributor"].median, 3),
+            sparkdist_runs_s=rounded(warm["sparkdist"].seconds),
+            torch_distributor_runs_s=rounded(warm["torch_distributor"].seconds),
+            torch_distributor_barrier_syncs=max(
+                count["spark"] for count in warm["torch_distributor"].syncs)),
+    }, calls["sparkdist"]
+
+
+# -------------------------------------------------------------------------------- recovery
+def interval_settings(steps_per_epoch: int) -> tuple[dict[str, int], float]:
+    """The checkpoint interval: Params and its length in epochs (every quarter epoch where
+    checkpointEverySteps exists, else every epoch)."""
+    from sparkdist.models import TorchEstimator
+
+    if TorchEstimator().hasParam("checkpointEverySteps"):
+        steps = max(1, steps_per_epoch // 4)
+        return {"checkpointEverySteps": steps}, steps / steps_per_epoch
+    return {"checkpointEvery": 1}, 1.0
+
+
+def recovery(capture: Capture, df: Any, epochs: int, cold_fit_s: float, repeats: int,
+             rewarm: Callable[[], Any]) -> dict:
+    from sparkdist.failpoints import arm
+
+    settings = {"modelKwargs": {"hidden": [256, 256]}, "epochs": epochs, "numWorkers": 2,
+                "rendezvousTimeoutSeconds": 120}
+    probe = estimator(**settings).fit(df)  # the warm-up, shared by both sides
+    steps_per_epoch = probe.trainingSummary["steps_per_epoch"]
+    interval, interval_epochs = interval_settings(steps_per_epoch)
+    fail = {"rank": 1, "epoch": epochs, "step": steps_per_epoch // 2, "action": "kill"}
+
+    def fit(killed: bool) -> Any:
+        with tempfile.TemporaryDirectory() as work:
+            est = estimator(**settings, **interval, checkpointDir=f"{work}/ckpt", runId="bench")
+            if killed:
+                est = arm(est, work, **fail)
+            model = est.fit(df)
+            assert not killed or os.path.exists(f"{work}/fired-1.pid"), "the kill never fired"
+        return model
+
+    sides = alternate(capture, {"clean": lambda: fit(False), "killed": lambda: fit(True)},
+                      repeats, warm_up=False, after={"killed": rewarm})
+    clean, killed = sides["clean"], sides["killed"]
+    epoch_s = statistics.median(e["seconds"] for m in clean.results for e in m.history)
+    interval_s = epoch_s * interval_epochs
+    extra_s = killed.median - clean.median
+    budget_s = cold_fit_s + interval_s
+    return figure(
+        extra_s / budget_s, "<= 1.0",
+        "extra_s = median wall seconds of a fit whose rank 1 is SIGKILLed (failpoint "
+        f"torch.step, epoch {fail['epoch']} of {epochs}, step {fail['step']} of "
+        f"{steps_per_epoch}: half-way) minus the median of the same fit without the kill; "
+        "both checkpoint (checkpointDir + runId) at the interval shown; budget_s = the cold "
+        "1-step fit (overhead.cold.sparkdist_s) + one checkpoint interval (median epoch "
+        "seconds of the clean fits x the interval in epochs); ratio = extra_s / budget_s. "
+        "One untimed clean fit warms up both sides; an untimed 1-step fit follows every killed "
+        f"fit (Python workers warm again after the kill); median of {repeats}",
+        extra_s=round(extra_s, 3), budget_s=round(budget_s, 3),
+        cold_fit_s=round(cold_fit_s, 3), interval_s=round(interval_s, 3),
+        interval=interval, steps_per_epoch=steps_per_epoch, epoch_s=round(epoch_s, 3),
+        clean_fit_s=round(clean.median, 3), killed_fit_s=round(killed.median, 3),
+        clean_runs_s=rounded(clean.seconds), killed_runs_s=rounded(killed.seconds),
+        resumed_from=[{key: m.trainingSummary.get(key) for key in ("resumed_from_epoch",
+                                                                   "resumed_from_step")}
+                      for m in killed.results])
 
 
 # -------------------------------------------------------------------------------------- main
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--rows", type=int, default=400_000, help="rows for (a)")
-    parser.add_argument("--scaling-rows", type=int, default=160_000, help="rows for (b)")
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs for (a) and (c)")
+@dataclass
+class Sizes:
+    feed_rows: int
+    scaling_rows: int
+    scaling_epochs: int
+    accuracy_rows: int
+    accuracy_epochs: int
+    accuracy: float
+    recovery_rows: int
+    recovery_epochs: int
+    repeats: int
+    cold_rounds: int
+
+
+def arguments() -> tuple[argparse.Namespace, Sizes]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny sizes, 1 timed run per side: checks that every section runs")
+    parser.add_argument("--feed-rows", type=int, default=2_500_000)
+    parser.add_argument("--scaling-rows", type=int, default=200_000)
+    parser.add_argument("--scaling-epochs", type=int, default=3)
+    parser.add_argument("--accuracy-rows", type=int, default=200_000)
+    parser.add_argument("--accuracy-epochs", type=int, default=6)
+    parser.add_argument("--accuracy", type=float, default=0.95, help="validation accuracy")
+    parser.add_argument("--recovery-rows", type=int, default=100_000)
+    parser.add_argument("--recovery-epochs", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--cold-rounds", type=int, default=3)
+    parser.add_argument("--only", help="comma-separated sections (development)")
+    parser.add_argument("--cold", choices=("sparkdist", "torch_distributor"),
+                        help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.quick:
+        return args, Sizes(100_000, 20_000, 2, 20_000, 3, 0.7, 20_000, 2, 1, 1)
+    return args, Sizes(args.feed_rows, args.scaling_rows, args.scaling_epochs,
+                       args.accuracy_rows, args.accuracy_epochs, args.accuracy,
+                       args.recovery_rows, args.recovery_epochs, args.repeats,
+                       args.cold_rounds)
+
+
+def feed_and_memory(capture: Capture, spark: Any, sizes: Sizes) -> dict:
+    df = vector_frame(spark, sizes.feed_rows, 32, seed=1, partitions=2)
+    result, large_models = feed(capture, df, sizes.feed_rows, sizes.repeats)
+    df.unpersist()
+    small = vector_frame(spark, sizes.feed_rows // 4, 32, seed=2, partitions=2)
+    try:
+        return {"feed": result, "memory": memory(small, sizes.feed_rows, large_models)}
+    finally:
+        small.unpersist()
+
+
+def scaling_section(capture: Capture, spark: Any, sizes: Sizes) -> dict:
+    frames = {n: vector_frame(spark, sizes.scaling_rows, 64, seed=4, partitions=n)
+              for n in (1, 2)}
+    try:
+        return {"scaling": scaling(capture, frames, sizes.scaling_rows, sizes.scaling_epochs,
+                                   sizes.repeats)}
+    finally:
+        for frame in frames.values():
+            frame.unpersist()
+
+
+def accuracy_section(capture: Capture, spark: Any, sizes: Sizes) -> dict:
+    frames = {n: nonlinear_frame(spark, sizes.accuracy_rows, seed=5, partitions=n)
+              for n in (1, 2)}
+    try:
+        return {"time_to_accuracy": time_to_accuracy(
+            capture, frames, sizes.accuracy_rows, sizes.accuracy_epochs, sizes.accuracy,
+            sizes.repeats)}
+    finally:
+        for frame in frames.values():
+            frame.unpersist()
+
+
+def overhead_and_recovery(capture: Capture, spark: Any, sizes: Sizes,
+                          with_recovery: bool) -> dict:
+    result, rewarm = overhead(capture, spark, sizes.repeats, sizes.cold_rounds)
+    if not with_recovery:
+        return {"overhead": result}
+    df = vector_frame(spark, sizes.recovery_rows, 64, seed=6, partitions=2)
+    try:
+        return {"overhead": result, "recovery": recovery(
+            capture, df, sizes.recovery_epochs, result["cold"]["sparkdist_s"], sizes.repeats,
+            rewarm)}
+    finally:
+        df.unpersist()
+
+
+def run_all(capture: Capture, spark: Any, sizes: Sizes, only: set[str] | None) -> dict:
+    """Every wanted section; one that fails leaves {"error": ...} and the others run."""
+    def wanted(*names: str) -> bool:
+        return only is None or bool(only & set(names))
+
+    sections: list[tuple[tuple[str, ...], Callable[[], dict]]] = [
+        (("feed", "memory"), lambda: feed_and_memory(capture, spark, sizes)),
+        (("scaling",), lambda: scaling_section(capture, spark, sizes)),
+        (("time_to_accuracy",), lambda: accuracy_section(capture, spark, sizes)),
+        (("overhead", "recovery"), lambda: overhead_and_recovery(
+            capture, spark, sizes, wanted("recovery")))]
+    figures: dict[str, Any] = {}
+    for names, run in sections:
+        if not wanted(*names):
+            continue
+        try:
+            figures.update(run())
+        except Exception as error:  # keep the other sections' figures
+            figures.update({name: {"error": f"{type(error).__name__}: {error}"[-3000:]}
+                            for name in names})
+        for name in names:
+            capture.log(f"{name}: {json.dumps(figures.get(name))}")
+    return figures
+
+
+def main() -> None:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    args, sizes = arguments()
+    if args.cold:
+        return cold_call(args.cold)
     started = time.perf_counter()
     load = [os.getloadavg()[0]]
-    syncs: list[dict] = []
     with Capture() as capture:  # before the JVM starts, so that it inherits the capture
-        from sparkdist.session import get_spark
-
-        spark = get_spark(master=os.environ.get("SPARKDIST_MASTER", "local[2]"),
-                          conf={"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2",
-                                "spark.ui.showConsoleProgress": "false"})
+        spark = session({"spark.driver.memory": "3g"})
         jvm = spark.sparkContext._jvm
         jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(
             "org.apache.spark.BarrierCoordinator", jvm.org.apache.logging.log4j.Level.INFO)
-        figures: dict[str, Any] = {"benchmark": "deep", "repeats": args.repeats}
-        figures["feed"] = feed(spark, capture, args.rows, 3, args.repeats, syncs)
+        only = set(args.only.split(",")) if args.only else None
+        figures: dict[str, Any] = {"benchmark": "deep", "quick": args.quick,
+                                   "sizes": sizes.__dict__}
+        figures.update(run_all(capture, spark, sizes, only))
         load.append(os.getloadavg()[0])
-        figures["scaling"] = scaling(spark, capture, args.scaling_rows, 4, syncs)
-        load.append(os.getloadavg()[0])
-        figures["overhead"] = overhead(spark, capture, args.repeats, syncs)
-        load.append(os.getloadavg()[0])
-        figures["barrier_syncs"] = {
-            "per_fit": max(count["spark"] for count in syncs),
-            "rank0_logged_per_fit": max(count["rank0_logged"] for count in syncs),
-            "fits_counted": len(syncs),
-            "consistent": all(count["spark"] == count["rank0_logged"] for count in syncs)}
-        import torch
-
+        figures["barrier_syncs"] = barrier_syncs(capture)
         figures["seconds"] = round(time.perf_counter() - started, 1)
-        figures["machine"] = (f"{os.cpu_count()} cores, Python {platform.python_version()}, "
-                              f"Spark {spark.version}, torch {torch.__version__}, master "
-                              f"{spark.sparkContext.master}, load avg (1 min) "
-                              f"{'/'.join(f'{x:.2f}' for x in load)}")
+        figures["machine"] = machine(spark, load)
         spark.stop()
+    failed = [name for name, value in figures.items()
+              if isinstance(value, dict) and "error" in value]
+    save(figures, partial=args.quick or bool(args.only) or bool(failed))
+    if failed:
+        raise SystemExit(f"bench/deep.py: sections failed: {failed}")
+
+
+def barrier_syncs(capture: Capture) -> dict:
+    """Spark barrier syncs per timed TorchEstimator fit (killed fits not counted)."""
+    fits = capture.calls
+    return {"per_fit": max((count["spark"] for count in fits), default=None),
+            "rank0_logged_per_fit": max((c["rank0_logged"] for c in fits), default=None),
+            "driver_rendezvous_per_fit": max((c["driver_rendezvous"] for c in fits),
+                                             default=None),
+            "fits_counted": len(fits),
+            "consistent": all(count["spark"] == count["rank0_logged"] for count in fits),
+            "definition": "the most Spark barrier syncs (BarrierCoordinator 'finished "
+                          "successfully' log lines) during any one timed TorchEstimator fit "
+                          "(feed, scaling, time to accuracy, warm overhead), the Spark syncs "
+                          "rank 0 logged in it, and its rendezvous through the driver's "
+                          "socket instead of a Spark sync (local masters)"}
+
+
+def machine(spark: Any, load: list[float]) -> str:
+    import torch
+
+    return (f"{os.cpu_count()} cores, Python {platform.python_version()}, Spark {spark.version}, "
+            f"torch {torch.__version__}, master {spark.sparkContext.master}, load avg (1 min) "
+            f"{'/'.join(f'{x:.2f}' for x in load)}")
+
+
+def save(figures: dict, partial: bool) -> None:
+    """Print the JSON line; a full run also replaces bench/results/deep.json (atomically)."""
     line = json.dumps(figures)
     print(line)
+    if partial:
+        return
+    RESULTS.parent.mkdir(exist_ok=True)
     tmp = RESULTS.with_suffix(".json.tmp")
     tmp.write_text(line + "\n")
     os.replace(tmp, RESULTS)
