@@ -1,5 +1,6 @@
 """ALS input checks: id columns, the rating column and its values, and duplicate (user,
-item) pairs, from one aggregation job; typed errors that name the column and the fix."""
+item) pairs, from one aggregation job; typed errors that name the column and the fix. The
+same job finds the smallest id of each int id column (non-negative ints need no mapping)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,14 @@ from typing import Any
 
 from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F
-from pyspark.sql.types import ArrayType, DoubleType, FloatType, MapType, StructType
+from pyspark.sql.types import (
+    ArrayType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    MapType,
+    StructType,
+)
 
 from sparkdist.columns import col, empty_data_error, require_columns, require_numeric
 from sparkdist.exceptions import SchemaError
@@ -15,11 +23,12 @@ from sparkdist.models._als_ids import _I, _U
 
 
 def check_ratings_input(dataset: DataFrame, user: str, item: str, rating: str,
-                        implicit: bool, duplicate_policy: str) -> None:
+                        implicit: bool, duplicate_policy: str) -> Row:
     """Refuse input no ALS fit can use: missing or non-atomic id columns, a non-numeric
     rating column, no rows, null ids, null/NaN ratings, negative explicit ratings and, under
     ``duplicatePolicy='error'``, repeated (user, item) pairs. ``rating=""`` rates every pair
-    1.0 (no rating column)."""
+    1.0 (no rating column). Returns the stats row: ``u_min``/``i_min`` are the smallest user
+    and item ids of an int column (None for other types)."""
     _check_id_column(dataset, user, "userCol")
     _check_id_column(dataset, item, "itemCol")
     if rating:
@@ -43,6 +52,7 @@ def check_ratings_input(dataset: DataFrame, user: str, item: str, rating: str,
             f"than once, e.g. ({u!r}, {i!r}) has {n} rows. Set duplicatePolicy='mean' to "
             "average them or 'sum' to add them (e.g. implicit counts), or deduplicate "
             "first.")
+    return stats
 
 
 def _check_id_column(dataset: DataFrame, name: str, param: str) -> None:
@@ -83,11 +93,16 @@ def _value_stats(dataset: DataFrame, user: str, item: str, rating: str) -> Row:
     def total(col: Column | str) -> Column:
         return F.coalesce(F.sum(col), F.lit(0))
 
+    def int_min(name: str, key: str) -> Column:
+        is_int = isinstance(dataset.schema[name].dataType, IntegerType)
+        return F.min(key) if is_int else F.lit(None).cast("int")
+
     stats = pairs.agg(
         total(n).alias("rows"), total(F.when(F.col(_U).isNull(), n)).alias("u"),
         total(F.when(F.col(_I).isNull(), n)).alias("i"), total("null").alias("null"),
         total("nan").alias("nan"), total("neg").alias("neg"), F.min("min").alias("min"),
         F.count_if(n > 1).alias("pairs"),
-        F.min(F.when(n > 1, F.struct(_U, _I, "n"))).alias("example")).first()
+        F.min(F.when(n > 1, F.struct(_U, _I, "n"))).alias("example"),
+        int_min(user, _U).alias("u_min"), int_min(item, _I).alias("i_min")).first()
     assert stats is not None
     return stats

@@ -3,7 +3,8 @@
 and map MLlib's outputs back to the original ids.
 
 A mapping is a cached DataFrame of (id, index); :class:`~sparkdist.models.als.ALSModel` keeps
-one per side and saves them as Parquet.
+one per side and saves them as Parquet. ``None`` is the identity: a column of non-negative
+ints goes to MLlib as it is, with no mapping to build or join.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from itertools import accumulate
 
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
+from pyspark.sql.types import IntegerType
 
 from sparkdist.columns import col
 from sparkdist.exceptions import SchemaError
@@ -53,11 +55,16 @@ def _numbered(ids: DataFrame, sizes: dict[int, int], col: str) -> DataFrame:
     return ids.select("id", (offset + rank).cast("int").alias("index")).cache()
 
 
-def attach_index(df: DataFrame, name: str, mapping: DataFrame, out: str) -> DataFrame:
+def attach_index(df: DataFrame, name: str, mapping: DataFrame | None, out: str) -> DataFrame:
     """``df`` plus column ``out``: the index of ``df[name]`` in ``mapping``, -1 if absent.
 
     Values of another type are cast to the mapping's id type; those that do not cast are
-    unknown too."""
+    unknown too. Without a mapping the index is the id as an int (-1 if it is null, negative
+    or does not cast)."""
+    if mapping is None:
+        index = col(name) if df.schema[name].dataType == IntegerType() else \
+            col(name).try_cast(IntegerType())
+        return df.withColumn(out, F.when(index >= 0, index).otherwise(F.lit(-1)))
     id_type = mapping.schema["id"].dataType
     key = col(name) if df.schema[name].dataType == id_type else col(name).try_cast(id_type)
     lookup = mapping.select(F.col("id").alias(_KEY), F.col("index").alias(out))
@@ -65,25 +72,33 @@ def attach_index(df: DataFrame, name: str, mapping: DataFrame, out: str) -> Data
     return joined.withColumn(out, F.coalesce(F.col(out), F.lit(-1)))
 
 
-def to_original(df: DataFrame, index: str, mapping: DataFrame, name: str) -> DataFrame:
+def to_original(df: DataFrame, index: str, mapping: DataFrame | None,
+                name: str) -> DataFrame:
     """Replace the index column ``index`` by the original id, named ``name``."""
+    if mapping is None:
+        return df.withColumnRenamed(index, name)
     lookup = mapping.select(F.col("index").alias(index), F.col("id").alias(name))
     return df.join(lookup, on=index).drop(index)
 
 
-def factors(factors: DataFrame, mapping: DataFrame, name: str) -> DataFrame:
+def factors(factors: DataFrame, mapping: DataFrame | None, name: str) -> DataFrame:
     """MLlib's (id, features) factors with the original ids in column ``name``."""
     return to_original(factors.withColumnRenamed("id", _KEY), _KEY, mapping, name).select(
         col(name), "features")
 
 
 def original_ids(recs: DataFrame, key: str, names: dict[str, str],
-                 mappings: dict[str, DataFrame]) -> DataFrame:
+                 mappings: dict[str, DataFrame | None]) -> DataFrame:
     """Map MLlib's (index, array<struct<other index, rating>>) back to the original ids,
     keeping each array's order. ``key`` is ``_U`` (recommendations per user) or ``_I``;
     ``names`` and ``mappings`` give each side's column name and mapping."""
     other = _I if key == _U else _U
     key_name, other_name = names[key], names[other]
+    if mappings[other] is None:  # rename the struct field: no explode, no regrouping
+        recs = recs.select(key, F.transform("recommendations", lambda r: F.struct(
+            r[other].alias(other_name), r["rating"].alias("rating"))).alias("recommendations"))
+        return to_original(recs, key, mappings[key], key_name).select(
+            col(key_name), "recommendations")
     flat = recs.select(key, F.posexplode("recommendations").alias("pos", "rec")).select(
         key, "pos", F.col(f"rec.{other}").alias(other), F.col("rec.rating").alias("rating"))
     flat = to_original(flat, other, mappings[other], other_name)

@@ -5,6 +5,7 @@ and defaults, except ``coldStartStrategy="drop"``), and adds:
 
 * ids of any atomic type (strings, longs beyond the int range, ints) are indexed to ints
   ``0..n-1`` (deterministically) and mapped back in every output, with their original type;
+  a column of non-negative ints goes to MLlib as it is (no mapping, no extra job);
 * ``checkpointInterval`` is honoured: a checkpoint directory is set when none is;
 * ``seed`` defaults to a value that is the same in every process (MLlib's default hashes the
   class name, which Python salts per process), so an unseeded fit is reproducible;
@@ -45,7 +46,7 @@ from pyspark.ml.recommendation import ALSModel as _MLlibALSModel
 from pyspark.ml.recommendation import _ALSModelParams as _MLlibALSModelParams
 from pyspark.ml.recommendation import _ALSParams as _MLlibALSParams
 from pyspark.ml.wrapper import JavaModel
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
 from sparkdist import store
@@ -157,10 +158,14 @@ class ALS(MLlibEstimator, _ALSParams):
         # The base template, except that the id mappings built while preparing the input
         # also go into the model.
         self._check_params()
-        self._validate(dataset)
+        stats = self._checked(dataset)
         if self.getCheckpointInterval() >= 1:  # first: on Spark Connect it may refuse
             ensure_checkpoint_dir(dataset.sparkSession)
-        users, items = index_ids(dataset, [self.getUserCol(), self.getItemCol()])
+        # Non-negative int ids are MLlib's own; other columns get an (id, index) mapping.
+        mapped = [c for c, low in ((self.getUserCol(), stats["u_min"]),
+                                   (self.getItemCol(), stats["i_min"])) if low is None or low < 0]
+        built = dict(zip(mapped, index_ids(dataset, mapped))) if mapped else {}
+        users, items = built.get(self.getUserCol()), built.get(self.getItemCol())
         inner = self._fit_mllib(self._indexed_ratings(dataset, users, items),
                                 userCol=_U, itemCol=_I, ratingCol=_R)
         model = ALSModel(inner, users, items)
@@ -169,14 +174,19 @@ class ALS(MLlibEstimator, _ALSParams):
 
     # -- validation ----------------------------------------------------------------------
     def _validate(self, dataset: DataFrame) -> None:
+        self._checked(dataset)
+
+    def _checked(self, dataset: DataFrame) -> Row:
+        """The input checks (one job); the stats row (see ``check_ratings_input``)."""
         check_one_of("duplicatePolicy", self.getDuplicatePolicy(), DUPLICATE_POLICIES)
         check_one_of("coldStartStrategy", self.getColdStartStrategy(), COLD_START_STRATEGIES)
-        check_ratings_input(dataset, self.getUserCol(), self.getItemCol(), self.getRatingCol(),
-                            self.getImplicitPrefs(), self.getDuplicatePolicy())
+        return check_ratings_input(dataset, self.getUserCol(), self.getItemCol(),
+                                   self.getRatingCol(), self.getImplicitPrefs(),
+                                   self.getDuplicatePolicy())
 
     # -- preparation ---------------------------------------------------------------------
-    def _indexed_ratings(self, dataset: DataFrame, users: DataFrame,
-                         items: DataFrame) -> DataFrame:
+    def _indexed_ratings(self, dataset: DataFrame, users: DataFrame | None,
+                         items: DataFrame | None) -> DataFrame:
         """(user index, item index, rating) rows, duplicates merged by ``duplicatePolicy``."""
         user, item, rating = self.getUserCol(), self.getItemCol(), self.getRatingCol()
         value = col(rating).cast("float") if rating else F.lit(1.0).cast("float")
@@ -207,6 +217,7 @@ class ALSModel(MLlibModel, _ALSModelParams):
 
     def __init__(self, inner: JavaModel | None = None, users: DataFrame | None = None,
                  items: DataFrame | None = None) -> None:
+        # A side without a mapping uses its (non-negative int) ids as MLlib's.
         super().__init__(inner)
         self._users, self._items = users, items
 
@@ -230,10 +241,9 @@ class ALSModel(MLlibModel, _ALSModelParams):
         """(itemCol, features) with the original item ids."""
         return factors(self.mllib_model.itemFactors, self._mapping(_I), self.getItemCol())
 
-    def _mapping(self, which: str) -> DataFrame:
-        mapping = self._users if which == _U else self._items
-        assert mapping is not None, f"{type(self).__name__} is not fitted"
-        return mapping
+    def _mapping(self, which: str) -> DataFrame | None:
+        assert self._inner is not None, f"{type(self).__name__} is not fitted"
+        return self._users if which == _U else self._items
 
     def _transform(self, dataset: DataFrame) -> DataFrame:
         check_one_of("coldStartStrategy", self.getColdStartStrategy(), COLD_START_STRATEGIES)
@@ -352,21 +362,29 @@ class ALSModel(MLlibModel, _ALSModelParams):
             known.unpersist()
 
     # -- persistence -----------------------------------------------------------------------
+    def _state(self) -> dict[str, Any]:
+        # The sides whose ids are MLlib's own (no mapping saved); absent in older models.
+        return {"unmapped": [name for side, name in ((_U, USER_INDEX_DIR), (_I, ITEM_INDEX_DIR))
+                             if self._mapping(side) is None]}
+
     def _save_artifacts(self, path: str) -> None:
         super()._save_artifacts(path)
         spark = SparkSession.active()
         for side, name in ((_U, USER_INDEX_DIR), (_I, ITEM_INDEX_DIR)):
-            with store.jvm_output(spark, f"{path}/{name}") as out:
-                self._mapping(side).write.parquet(out)
+            mapping = self._mapping(side)
+            if mapping is not None:
+                with store.jvm_output(spark, f"{path}/{name}") as out:
+                    mapping.write.parquet(out)
 
     @classmethod
     def _from_state(cls, state: dict[str, Any], path: str) -> ALSModel:
         spark = SparkSession.active()
-        files = {name: store.jvm_input(spark, f"{path}/{name}")
-                 for name in (MLLIB_DIR, USER_INDEX_DIR, ITEM_INDEX_DIR)}
-        return cls(cls._mllib_model.load(files[MLLIB_DIR]),
-                   spark.read.parquet(files[USER_INDEX_DIR]).cache(),
-                   spark.read.parquet(files[ITEM_INDEX_DIR]).cache())
+        unmapped = state.get("unmapped", []) if isinstance(state, dict) else []
+        mappings = [None if name in unmapped else
+                    spark.read.parquet(store.jvm_input(spark, f"{path}/{name}")).cache()
+                    for name in (USER_INDEX_DIR, ITEM_INDEX_DIR)]
+        return cls(cls._mllib_model.load(store.jvm_input(spark, f"{path}/{MLLIB_DIR}")),
+                   *mappings)
 
 
 # -- checkpointing -------------------------------------------------------------------------

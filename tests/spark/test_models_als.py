@@ -131,6 +131,31 @@ def test_numeric_ids_keep_value_and_type(small):
     assert subset.count() == 1
 
 
+@pytest.mark.slow
+def test_non_negative_int_ids_go_to_mllib_unmapped(tmp_path, small):
+    df = small.select((F.col("user_id") * 7).cast("int").alias("user_id"),
+                      F.col("item_id").cast("int"), "rating")
+    model = als(rank=3, maxIter=3).fit(df)
+    users = {r[0] for r in df.select("user_id").distinct().collect()}
+    assert {r.id for r in model.mllib_model.userFactors.collect()} == users  # MLlib's own ids
+    assert {r.user_id for r in model.userFactors.collect()} == users
+    path = str(tmp_path / "model")
+    model.write().save(path)
+    assert not {"user_index", "item_index"} & set(os.listdir(data_dir(path)))
+    loaded = ALSModel.load(path)
+    cols = ("user_id", "item_id", "prediction")
+    assert rows(loaded.transform(df), *cols) == rows(model.transform(df), *cols)
+    assert set(recommended(loaded.recommendForAllItems(2), "item_id", "user_id")) == \
+        {r[0] for r in df.select("item_id").distinct().collect()}
+    unknown = df.select((F.col("user_id") + 1).alias("user_id"), "item_id", "rating")
+    assert model.transform(unknown).count() == 0  # ids of no user: cold starts, dropped
+
+    negative = df.withColumn("user_id", -F.col("user_id") - 1)  # still mapped to 0..n-1
+    shifted = als(rank=3, maxIter=3).fit(negative)
+    assert {r.id for r in shifted.mllib_model.userFactors.collect()} == set(range(len(users)))
+    assert {r.user_id for r in shifted.userFactors.collect()} == {-u - 1 for u in users}
+
+
 def test_id_index_is_dense_and_deterministic(data):
     df = data[0]
     [first] = _als_ids.index_ids(df.repartition(3), ["user_id"])
