@@ -571,12 +571,13 @@ def overhead(capture: Capture, spark: Any, repeats: int,
 
 # -------------------------------------------------------------------------------- recovery
 def interval_settings(steps_per_epoch: int) -> tuple[dict[str, int], float]:
-    """The checkpoint interval: Params and its length in epochs (every quarter epoch where
-    checkpointEverySteps exists, else every epoch)."""
+    """The checkpoint interval: Params and its length in epochs (every third of an epoch
+    where checkpointEverySteps exists, so that a kill half-way through an epoch falls in the
+    middle of an interval, not on a checkpoint; else every epoch)."""
     from sparkdist.models import TorchEstimator
 
     if TorchEstimator().hasParam("checkpointEverySteps"):
-        steps = max(1, steps_per_epoch // 4)
+        steps = max(1, steps_per_epoch // 3)
         return {"checkpointEverySteps": steps}, steps / steps_per_epoch
     return {"checkpointEvery": 1}, 1.0
 
