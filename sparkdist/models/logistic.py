@@ -1,8 +1,10 @@
-"""Logistic regression: MLlib's optimiser, sparkdist's class weights and threshold tuning.
+"""Logistic regression: MLlib's objective solved by MLlib or by an all-reduce barrier stage,
+plus sparkdist's class weights and threshold tuning.
 
 Every MLlib Param keeps its name and default (the Params mixin is MLlib's own), so the stage
 drops into Pipelines, ParamGridBuilder grids and CrossValidator like
-``pyspark.ml.classification.LogisticRegression``.
+``pyspark.ml.classification.LogisticRegression``. Both solvers return MLlib's own
+``LogisticRegressionModel`` inside sparkdist's.
 """
 
 from __future__ import annotations
@@ -11,21 +13,46 @@ from typing import Any, ClassVar
 
 from pyspark import keyword_only
 from pyspark.ml import classification as mllib
+from pyspark.ml.param import Param, Params, TypeConverters
+from pyspark.ml.wrapper import JavaModel
+from pyspark.sql import DataFrame
 
+from sparkdist.columns import check_one_of
 from sparkdist.exceptions import ParamError
+from sparkdist.models import _lr_allreduce
 from sparkdist.models._classification import (
+    WEIGHT_COL,
     _ClassWeightParams,
     _ThresholdTuningParams,
     _TunedClassifier,
     _TunedModel,
+    _user_weight_col,
     set_given,
 )
-from sparkdist.models._mllib import MLlibEstimator, MLlibModel, delegated
+from sparkdist.models._mllib import MLlibEstimator, MLlibModel, copy_shared_params, delegated
 
 
 class _LRParams(mllib._LogisticRegressionParams, _ClassWeightParams, _ThresholdTuningParams):
-    """MLlib's logistic regression Params plus classWeight, thresholdMetric,
+    """MLlib's logistic regression Params plus solver, classWeight, thresholdMetric,
     validationFraction and seed (which only seeds the validation split)."""
+
+    solver: Param[Any] = Param(
+        Params._dummy(), "solver",
+        "'auto' (all-reduce where the training rows fit the executors' memory on a classic "
+        "session with torch installed, else MLlib), 'allreduce' (one barrier stage: every "
+        "rank keeps its partition as a matrix and the gradient is all-reduced; same "
+        "objective as MLlib's) or 'mllib' (MLlib's own optimiser, one Spark job per "
+        "iteration)",
+        typeConverter=TypeConverters.toString,
+    )
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self._setDefault(solver="auto")
+
+    def getSolver(self) -> str:
+        """Gets the value of :py:attr:`solver` or its default ('auto')."""
+        return self.getOrDefault(self.solver)
 
 
 class LogisticRegressionModel(_TunedModel, MLlibModel, _LRParams):
@@ -63,6 +90,16 @@ class LogisticRegression(_TunedClassifier, MLlibEstimator, _LRParams):
 
     Parameters
     ----------
+    solver : "auto" (default), "allreduce" or "mllib"
+        "allreduce" solves MLlib's objective (the same coefficients within the solvers'
+        tolerance) in one Spark barrier stage: each task holds its partition as a float64
+        matrix and the ranks all-reduce loss and gradient (torch.distributed) once per
+        evaluation, instead of one Spark job per iteration. It needs a classic session and
+        torch, and takes no coefficient bounds. "auto" uses it when the rows fit the memory
+        of the executors' Python workers (``rows x (features + classes) x 8 bytes x 3`` per
+        task, against ``spark.executor.pyspark.memory``, else ``spark.executor.memory``), and
+        MLlib otherwise (the reason is logged); a label with a single class always goes to
+        MLlib.
     classWeight : None or "balanced"
         "balanced" weights each row ``n / (k * n_class)`` (multiplied into ``weightCol`` when
         set) through a working column that neither the model nor your DataFrame sees.
@@ -100,7 +137,8 @@ class LogisticRegression(_TunedClassifier, MLlibEstimator, _LRParams):
                  standardization: bool = True, weightCol: str | None = None,
                  family: str = "auto", aggregationDepth: int = 2,
                  classWeight: str | None = None, thresholdMetric: str | None = None,
-                 validationFraction: float = 0.2, seed: int | None = None) -> None:
+                 validationFraction: float = 0.2, seed: int | None = None,
+                 solver: str = "auto") -> None:
         super().__init__()
         set_given(self, self._input_kwargs)  # type: ignore[attr-defined]
 
@@ -113,11 +151,32 @@ class LogisticRegression(_TunedClassifier, MLlibEstimator, _LRParams):
                   standardization: bool = True, weightCol: str | None = None,
                   family: str = "auto", aggregationDepth: int = 2,
                   classWeight: str | None = None, thresholdMetric: str | None = None,
-                  validationFraction: float = 0.2, seed: int | None = None) -> LogisticRegression:
+                  validationFraction: float = 0.2, seed: int | None = None,
+                  solver: str = "auto") -> LogisticRegression:
         """Set the given Params (same keywords as the constructor)."""
         return set_given(self, self._input_kwargs)  # type: ignore[attr-defined]
 
+    def setSolver(self, value: str) -> LogisticRegression:
+        """Sets :py:attr:`solver` ('auto', 'allreduce' or 'mllib')."""
+        return self._set(solver=value)
+
+    def _check_params(self) -> None:
+        super()._check_params()
+        check_one_of("solver", self.getSolver(), _lr_allreduce.SOLVERS)
+
+    def _fit_mllib(self, dataset: DataFrame, **overrides: Any) -> JavaModel:
+        inner = copy_shared_params(self, self._mllib_estimator())
+        inner._set(**overrides)
+        found = _lr_allreduce.plan(self.getSolver(), dataset, inner, self._label_stats)
+        if found is None:
+            return inner.fit(dataset)
+        weight = _user_weight_col(self)
+        if overrides.get("weightCol") == WEIGHT_COL:
+            weight = f"classWeight x {weight}" if weight else "classWeight"
+        return _lr_allreduce.fit(dataset, inner, found, weight)
+
     def _check_classes(self, stats: Any) -> None:
+        self._label_stats = stats  # rows and classes, for the solver's plan
         # MLlib counts max(label) + 1 classes; binomial takes at most 2.
         if self.getFamily().lower() == "binomial" and stats["max"] > 1:
             raise ParamError(

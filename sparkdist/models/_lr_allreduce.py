@@ -1,0 +1,496 @@
+"""Logistic regression by all-reduce: MLlib's objective, solved in one Spark barrier stage.
+
+MLlib runs one Spark job per L-BFGS iteration (a ``treeAggregate`` through the driver). Here
+each barrier task turns its partition into a float64 matrix once, and every rank runs the
+same deterministic optimiser (:mod:`sparkdist.models._quasi_newton`) on the loss and gradient
+summed across the ranks by one torch.distributed all-reduce per evaluation (gloo on CPU,
+NCCL on a GPU Spark assigned). Every rank therefore holds the same coefficients; rank 0
+returns them as JSON and the driver builds MLlib's own ``LogisticRegressionModel`` from them.
+
+The objective is MLlib's: ``sum(w * logloss) / sum(w) + regParam * ((1 - a) / 2 ||b||^2 +
+a ||b||_1)`` with ``a = elasticNetParam``, trained on features scaled by their (weighted,
+unbiased) standard deviation and centred when there is an intercept, the penalty applied in
+that scaled space under ``standardization`` (else rescaled to act on the original
+coefficients), a constant column's coefficient 0, the intercepts unpenalised, binomial or
+multinomial by MLlib's ``family`` rule, Breeze's stopping rules for ``maxIter`` and ``tol``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import math
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from pyspark.sql import DataFrame
+
+from sparkdist.columns import col
+from sparkdist.exceptions import ParamError, SchemaError
+from sparkdist.session import is_connect
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import torch
+
+    from sparkdist.launch.barrier import WorkerContext
+
+_LOG = logging.getLogger(__name__)
+SOLVERS = ("auto", "allreduce", "mllib")
+#: Bytes a rank holds per matrix cell at its peak (Arrow batches, the matrix, temporaries).
+COPIES = 3
+_BOUNDS = ("lowerBoundsOnCoefficients", "upperBoundsOnCoefficients",
+           "lowerBoundsOnIntercepts", "upperBoundsOnIntercepts")
+
+
+# -------------------------------------------------------------------------- driver: the plan
+@dataclass(frozen=True)
+class Plan:
+    """What the all-reduce fit needs from the driver."""
+
+    num_workers: int
+    dim: int
+    meta_classes: int  # the label's class count from its ML attributes, 0 when it has none
+    budget: int  # bytes a rank may hold
+
+
+def plan(solver: str, dataset: DataFrame, inner: Any, stats: Any) -> Plan | None:
+    """The all-reduce plan, or None where MLlib fits (``solver='auto'`` logs why). An
+    explicit ``solver='allreduce'`` that cannot run raises :class:`ParamError` instead, except
+    for a label with a single class, which MLlib answers without optimising."""
+    if solver == "mllib":
+        return None
+    try:
+        found = _plan(dataset, inner, stats)
+    except ParamError as err:
+        if solver == "allreduce":
+            raise
+        _LOG.info("LogisticRegression(solver='auto') fits with MLlib: %s", err)
+        return None
+    if isinstance(found, str):
+        _LOG.info("LogisticRegression(solver=%r) fits with MLlib: %s", solver, found)
+        return None
+    return found
+
+
+def _plan(dataset: DataFrame, inner: Any, stats: Any) -> Plan | str:
+    fix = "or set solver='mllib'"
+    if is_connect(dataset):
+        raise ParamError("solver='allreduce' needs a classic Spark session (a SparkContext); "
+                         f"this is Spark Connect. Use solver='auto' {fix}.")
+    if importlib.util.find_spec("torch") is None:
+        raise ParamError("solver='allreduce' runs torch.distributed, and torch is not "
+                         f"installed: pip install 'sparkdist[torch]', {fix}.")
+    bounds = [name for name in _BOUNDS if inner.isSet(inner.getParam(name))]
+    if bounds:
+        raise ParamError(f"solver='allreduce' does not take bounds ({', '.join(bounds)}); "
+                         "MLlib's L-BFGS-B does: set solver='mllib'.")
+    if stats["classes"] <= 1:
+        return "the label has a single class (MLlib's model for it needs no optimisation)"
+    from sparkdist.launch.preflight import task_slots
+
+    spark = dataset.sparkSession
+    features = inner.getFeaturesCol()
+    dim = _num_features(dataset, features)
+    rows = int(stats["rows"])
+    if dim >= rows and inner.getRegParam() == 0.0:
+        raise ParamError(f"regParam=0 with {dim} features and {rows} rows: the fit has no "
+                         f"unique optimum. Set regParam > 0 (e.g. 0.01) {fix}.")
+    workers = max(1, min(task_slots(spark), dataset.rdd.getNumPartitions()))
+    budget, source = memory_budget(spark)
+    meta = label_classes(dataset, inner.getLabelCol())
+    need = math.ceil(rows / workers) * (dim + max(meta, 2)) * 8 * COPIES
+    if need > budget:
+        raise ParamError(
+            f"solver='allreduce' would hold about {need / 2**20:.0f} MiB per rank ({rows} rows "
+            f"x {dim} features over {workers} ranks, x{COPIES}), more than {source} = "
+            f"{budget / 2**20:.0f} MiB; raise {source}, add executors, {fix}.")
+    return Plan(num_workers=workers, dim=dim, meta_classes=meta, budget=budget)
+
+
+def _num_features(dataset: DataFrame, features: str) -> int:
+    attrs = dataset.schema[features].metadata.get("ml_attr", {})
+    if "num_attrs" in attrs:
+        return int(attrs["num_attrs"])
+    first = dataset.select(col(features)).head()
+    if first is None or first[0] is None:
+        raise SchemaError(f"featuresCol: the first row of column '{features}' is null; drop "
+                          "rows with a null vector before fitting.")
+    return int(first[0].size)
+
+
+def label_classes(dataset: DataFrame, label: str) -> int:
+    """The class count the label's ML attributes declare (MLlib's ``getNumClasses``), or 0."""
+    attrs = dataset.schema[label].metadata.get("ml_attr", {})
+    if attrs.get("type") == "binary":
+        return 2
+    if attrs.get("type") == "nominal":
+        return int(attrs.get("num_vals", len(attrs.get("vals", []))))
+    return 0
+
+
+def memory_budget(spark: Any) -> tuple[int, str]:
+    """Bytes a Python task may hold: ``spark.executor.pyspark.memory`` where set (Spark
+    enforces it), else ``spark.executor.memory`` (default 1g), and the key it came from."""
+    conf = spark.sparkContext.getConf()
+    for key in ("spark.executor.pyspark.memory", "spark.executor.memory"):
+        value = conf.get(key)
+        if value:
+            return parse_bytes(value), key
+    return 1 << 30, "spark.executor.memory"
+
+
+def parse_bytes(text: str) -> int:
+    """Spark's memory strings: ``'512m'``, ``'2g'``, ``'1024'`` (MiB).
+
+    >>> parse_bytes("2g"), parse_bytes("512"), parse_bytes("64k")
+    (2147483648, 536870912, 65536)
+    """
+    found = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)b?\s*", text.lower())
+    if not found:
+        raise ParamError(f"cannot read the memory size {text!r}; write it as Spark does, "
+                         "e.g. '2g' or '512m'.")
+    power = "kmgtp".find(found.group(2)) + 1 if found.group(2) else 2
+    return int(float(found.group(1)) * 1024 ** power)
+
+
+# ---------------------------------------------------------------------------- driver: the fit
+def fit(dataset: DataFrame, inner: Any, found: Plan, weight_name: str | None) -> Any:
+    """Fit ``inner`` (an MLlib LogisticRegression with the caller's Params) by all-reduce;
+    return the pyspark ``LogisticRegressionModel`` MLlib's own fit would have returned."""
+    from sparkdist.launch.barrier import BarrierSettings, run_barrier
+
+    weight = inner.getWeightCol() if inner.isDefined("weightCol") else ""
+    columns = [col(inner.getFeaturesCol()), col(inner.getLabelCol()).cast("double")]
+    if weight:
+        columns.append(col(weight).cast("double"))
+    alpha, reg = inner.getElasticNetParam(), inner.getRegParam()
+    args = {"dim": found.dim, "meta_classes": found.meta_classes, "budget": found.budget,
+            "family": inner.getFamily().lower(), "fit_intercept": inner.getFitIntercept(),
+            "standardization": inner.getStandardization(), "reg": reg,
+            "l1": alpha * reg, "l2": (1.0 - alpha) * reg, "max_iter": inner.getMaxIter(),
+            "tol": inner.getTol(), "weighted": bool(weight),
+            "names": {"featuresCol": inner.getFeaturesCol(), "labelCol": inner.getLabelCol(),
+                      "weightCol": weight_name or weight}}
+    started = time.perf_counter()
+    payload = run_barrier(dataset.select(*columns), worker, args, found.num_workers,
+                          settings=BarrierSettings(rendezvous_timeout_s=300.0),
+                          description="sparkdist LogisticRegression (allreduce)")
+    result = json.loads(payload)
+    _LOG.info("LogisticRegression(solver='allreduce'): %d ranks, %d iterations (%s), %.2f s",
+              found.num_workers, result["iterations"], result["reason"],
+              time.perf_counter() - started)
+    model = inner._create_model(java_model(dataset.sparkSession, inner.uid, result))
+    return inner._copyValues(model)
+
+
+def java_model(spark: Any, uid: str, result: dict[str, Any]) -> Any:
+    """MLlib's ``LogisticRegressionModel`` (JVM) from the solver's result, built through its
+    constructor as MLlib's own fit builds it (both matrices compressed as MLlib does)."""
+    jvm = spark.sparkContext._jvm
+    linalg = jvm.org.apache.spark.ml.linalg
+    coefficients = np.asarray(result["coefficients"], dtype=np.float64)
+    rows = len(result["intercepts"])
+    matrix = linalg.DenseMatrix(rows, coefficients.size // rows,
+                                _java_doubles(spark, coefficients), True).compressed()
+    intercepts = linalg.DenseVector(_java_doubles(spark, np.asarray(result["intercepts"])))
+    return jvm.org.apache.spark.ml.classification.LogisticRegressionModel(
+        uid, matrix, intercepts.compressed(), int(result["numClasses"]),
+        bool(result["multinomial"]))
+
+
+def _java_doubles(spark: Any, values: np.ndarray) -> Any:
+    """A JVM ``double[]`` from ``values`` in three py4j calls (bytes, not one call a value)."""
+    gateway, jvm = spark.sparkContext._gateway, spark.sparkContext._jvm
+    array = gateway.new_array(jvm.double, int(values.size))
+    buffer = jvm.java.nio.ByteBuffer.wrap(bytearray(values.astype(">f8").tobytes()))
+    buffer.asDoubleBuffer().get(array)
+    return array
+
+
+# ----------------------------------------------------------------------- executor: the worker
+def worker(context: WorkerContext, batches: Iterator[pa.RecordBatch],
+           args: dict[str, Any]) -> bytes | None:
+    """Barrier-task entry point: read the partition, join the group, solve, return JSON."""
+    import torch
+
+    from sparkdist.launch import gpus
+    from sparkdist.torchtrain.backends import TorchBackend
+
+    torch.set_num_threads(max(1, context.cpus))
+    device = gpus.apply(gpus.plan_for_task("auto", context.gpus))
+    backend = TorchBackend()
+    try:
+        started = time.perf_counter()
+        part = read_partition(batches, args)
+        context.log(f"read {part.rows} rows in {time.perf_counter() - started:.2f} s")
+        backend.init(context, device)
+        return _Solver(context, backend, device, part, args).run()
+    except Exception as err:
+        context.report_failure(err)  # before the shutdown: the peers fail once links close
+        raise
+    finally:
+        backend.shutdown()
+
+
+@dataclass
+class Partition:
+    """One rank's rows as arrays, and what is wrong with them (counted, not raised, so that
+    every rank raises the same error after one all-reduce)."""
+
+    x: np.ndarray  # (rows, dim) float64
+    y: np.ndarray
+    w: np.ndarray
+    bad_length: int = 0
+    null_vectors: int = 0
+    bad_weights: int = 0
+
+    @property
+    def rows(self) -> int:
+        return int(self.y.size)
+
+
+def read_partition(batches: Iterator[pa.RecordBatch], args: dict[str, Any]) -> Partition:
+    """The partition's (features, label[, weight]) batches as one dense matrix; sparse
+    vectors are densified. Stops early when the partition outgrows the memory budget."""
+    dim, kept, held = args["dim"], [], 0
+    for batch in batches:
+        kept.append(batch)
+        held += batch.nbytes
+        if held * COPIES > args["budget"]:
+            raise ParamError(
+                f"a partition holds over {held / 2**20:.0f} MiB of Arrow data, more than the "
+                f"memory budget of a rank allows ({args['budget'] / 2**20:.0f} MiB / {COPIES}); "
+                "repartition the input into more partitions or set solver='mllib'.")
+    rows = sum(batch.num_rows for batch in kept)
+    part = Partition(x=np.zeros((rows, dim)), y=np.empty(rows), w=np.ones(rows))
+    start = 0
+    while kept:
+        batch = kept.pop(0)  # release each batch once copied
+        end = start + batch.num_rows
+        part.bad_length += _fill_rows(part.x[start:end], batch.column(0))
+        part.null_vectors += batch.column(0).null_count
+        part.y[start:end] = batch.column(1).to_numpy(zero_copy_only=False)
+        if args["weighted"]:
+            weights = batch.column(2).fill_null(float("nan")).to_numpy(zero_copy_only=False)
+            part.w[start:end] = weights
+            part.bad_weights += int((~np.isfinite(weights) | (weights < 0)).sum())
+        start = end
+    return part
+
+
+def _fill_rows(out: np.ndarray, vectors: pa.Array) -> int:
+    """Write ML vectors (Arrow structs: type, size, indices, values) into ``out``; return how
+    many do not have ``out.shape[1]`` values (those rows are left as zeros)."""
+    rows, dim = out.shape
+    kind, size, indices, values = vectors.flatten()
+    kinds = kind.fill_null(1).to_numpy(zero_copy_only=False)
+    lengths = values.value_lengths().fill_null(0).to_numpy(zero_copy_only=False)
+    flat = values.flatten().to_numpy(zero_copy_only=False)
+    if (kinds == 1).all() and (lengths == dim).all():  # dense: one reshape
+        out[:] = flat.reshape(rows, dim)
+        return 0
+    sizes = np.where(kinds == 0, size.fill_null(0).to_numpy(zero_copy_only=False), lengths)
+    bad = int((sizes != dim).sum())  # null vectors too (also counted as such)
+    if bad:
+        return bad
+    starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
+    cols = np.arange(flat.size) - starts
+    sparse = np.repeat(kinds == 0, lengths)
+    if sparse.any():
+        cols[sparse] = indices.flatten().to_numpy(zero_copy_only=False)
+    out[np.repeat(np.arange(rows), lengths), cols] = flat
+    return 0
+
+
+class _Solver:
+    """One rank's fit: global statistics, standardisation, optimisation, MLlib's layout."""
+
+    def __init__(self, context: WorkerContext, backend: Any, device: torch.device,
+                 part: Partition, args: dict[str, Any]) -> None:
+        self.context, self.backend, self.device, self.args = context, backend, device, args
+        self.part = part
+        self.evaluations = 0
+
+    def _sum(self, values: np.ndarray) -> np.ndarray:
+        import torch
+
+        return self.backend.all_reduce_sum(torch.from_numpy(values)).numpy()
+
+    def _max(self, values: np.ndarray) -> np.ndarray:
+        import torch
+        import torch.distributed as dist
+
+        tensor = torch.from_numpy(values).to(self.device)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        return tensor.cpu().numpy()
+
+    def run(self) -> bytes | None:
+        args, part = self.args, self.part
+        dim, fit_intercept = args["dim"], args["fit_intercept"]
+        with np.errstate(invalid="ignore"):  # NaN features: refused below, after the sums
+            high = part.x.max(axis=0) if part.rows else np.full(dim, -np.inf)
+            low = part.x.min(axis=0) if part.rows else np.full(dim, np.inf)
+        top = self._max(np.concatenate([[part.y.max() if part.rows else -1.0], high, -low]))
+        high, low = top[1:dim + 1], -top[dim + 1:]
+        classes = self._classes(int(top[0]))
+        shift = np.where(np.isfinite(high + low), (high + low) / 2.0, 0.0)
+        part.x -= shift  # in place: sums about the middle of each column lose no precision
+        w, x = part.w, part.x
+        hist = np.bincount(part.y.astype(np.int64), weights=w, minlength=classes)
+        totals = self._sum(np.concatenate([
+            [w.sum(), (w * w).sum(), part.bad_length, part.null_vectors, part.bad_weights,
+             int((~np.isfinite(x)).sum())],
+            w @ x, np.einsum("i,ij,ij->j", w, x, x), hist[:classes]]))
+        self._check(totals[:6])
+        weight_sum, square_sum = totals[0], totals[1]
+        first, second = totals[6:6 + dim], totals[6 + dim:6 + 2 * dim]
+        hist = totals[6 + 2 * dim:]
+        mean = shift + first / weight_sum
+        denominator = weight_sum - square_sum / weight_sum
+        m2 = second - weight_sum * (mean - shift) ** 2
+        var = np.maximum(m2 / denominator, 0.0) if denominator > 0 else np.zeros(dim)
+        std = np.where(high == low, 0.0, np.sqrt(var))  # a constant column: coefficient 0
+        inverse = np.divide(1.0, std, out=np.zeros(dim), where=std != 0)
+        x -= (mean - shift) if fit_intercept else -shift  # centred only with an intercept
+        x *= inverse
+        self.weight_sum = weight_sum
+        theta = self._optimise(classes, hist, std)
+        if self.context.rank != 0:
+            return None
+        return json.dumps(self._model(theta, classes, mean, inverse)).encode()
+
+    def _classes(self, max_label: int) -> int:
+        args = self.args
+        meta, names = args["meta_classes"], args["names"]
+        if meta and max_label >= meta:
+            raise SchemaError(f"labelCol: column '{names['labelCol']}' holds the label "
+                              f"{max_label}, but its metadata declares {meta} classes (0 to "
+                              f"{meta - 1}); re-index the label or drop those rows.")
+        classes = max(max_label + 1, meta)
+        self.multinomial = args["family"] == "multinomial" or (
+            args["family"] == "auto" and classes > 2)
+        if not self.multinomial and classes > 2:
+            raise ParamError(f"family='binomial' fits 2 classes, but labelCol "
+                             f"'{names['labelCol']}' holds {classes}; use family='auto'.")
+        return classes
+
+    def _check(self, counts: np.ndarray) -> None:
+        names = self.args["names"]
+        features, weight = names["featuresCol"], names["weightCol"]
+        bad_length, nulls, bad_weights, non_finite = (int(c) for c in counts[2:6])
+        if nulls:
+            raise SchemaError(f"featuresCol: column '{features}' has {nulls} null vectors; "
+                              "drop those rows (or assemble with nullPolicy='impute').")
+        if bad_length:
+            raise SchemaError(f"featuresCol: {bad_length} vectors of column '{features}' do "
+                              f"not have {self.args['dim']} values (the length of the first); "
+                              "assemble every row the same way.")
+        if non_finite:
+            raise SchemaError(f"featuresCol: column '{features}' holds {non_finite} NaN or "
+                              "infinite values; drop or impute those rows first (e.g. "
+                              "FeatureAssembler(nullPolicy='impute')).")
+        if bad_weights:
+            raise SchemaError(f"weightCol: column '{weight}' holds {bad_weights} null, NaN, "
+                              "infinite or negative weights; weights must be finite and >= 0.")
+        if counts[0] <= 0:
+            raise SchemaError(f"weightCol: the weights of column '{weight}' sum to "
+                              f"{counts[0]:g}; at least one row needs a positive weight.")
+
+    def _optimise(self, classes: int, hist: np.ndarray, std: np.ndarray) -> np.ndarray:
+        from sparkdist.models._quasi_newton import minimize
+
+        args, dim = self.args, self.args["dim"]
+        sets = classes if self.multinomial else 1
+        coefficients = sets * dim
+        size = coefficients + (sets if args["fit_intercept"] else 0)
+        theta = np.zeros(size)
+        if args["fit_intercept"] and self.multinomial:
+            raw = np.log1p(hist)
+            theta[coefficients:] = raw - raw.mean()
+        elif args["fit_intercept"] and hist[0] > 0 and hist[1] > 0:
+            theta[coefficients] = math.log(hist[1] / hist[0])
+        # penalty weights per entry: on the scaled coefficients, or rescaled to act on the
+        # original ones (standardization=False); never on the intercepts
+        scale = np.ones(dim) if args["standardization"] else np.divide(
+            1.0, std, out=np.zeros(dim), where=std != 0)
+        per_entry = np.zeros(size)
+        per_entry[:coefficients] = np.tile(scale, sets)
+        self.l2 = args["l2"] * per_entry ** 2
+        l1 = args["l1"] * per_entry
+        result = minimize(self._objective(classes), theta, max_iter=args["max_iter"],
+                          tol=args["tol"], l1=l1)
+        self.result = result
+        self.context.log(f"{result.iterations} iterations ({result.reason}), "
+                         f"{self.evaluations} evaluations")
+        return result.x
+
+    def _objective(self, classes: int) -> Any:
+        import torch
+
+        part, device, dim = self.part, self.device, self.args["dim"]
+        x = torch.from_numpy(part.x).to(device)
+        y = torch.from_numpy(part.y).to(device)
+        w = torch.from_numpy(part.w).to(device)
+        fit_intercept = self.args["fit_intercept"]
+        labels = y.long()
+        rows = torch.arange(part.rows, device=device)
+
+        def local(theta: torch.Tensor) -> torch.Tensor:
+            if self.multinomial:
+                coefficients = theta[:classes * dim].view(classes, dim)
+                margins = x @ coefficients.T
+                if fit_intercept:
+                    margins += theta[classes * dim:]
+                norm = torch.logsumexp(margins, dim=1)
+                loss = (w * (norm - margins[rows, labels])).sum()
+                residual = torch.exp(margins - norm[:, None])
+                residual[rows, labels] -= 1.0
+                residual *= w[:, None]
+                grads = [(residual.T @ x).reshape(-1)]
+                if fit_intercept:
+                    grads.append(residual.sum(dim=0))
+            else:
+                margin = x @ theta[:dim]
+                if fit_intercept:
+                    margin += theta[dim]
+                loss = (w * (torch.logaddexp(margin, torch.zeros_like(margin))
+                             - y * margin)).sum()
+                residual = w * (torch.sigmoid(margin) - y)
+                grads = [residual @ x] + ([residual.sum().reshape(1)] if fit_intercept else [])
+            return torch.cat([loss.reshape(1), *grads])
+
+        def objective(theta: np.ndarray) -> tuple[float, np.ndarray]:
+            self.evaluations += 1
+            with torch.no_grad():
+                summed = self._sum(local(torch.from_numpy(theta).to(device)).cpu().numpy())
+            value = summed[0] / self.weight_sum + 0.5 * float(self.l2 @ (theta * theta))
+            return float(value), summed[1:] / self.weight_sum + self.l2 * theta
+
+        return objective
+
+    def _model(self, theta: np.ndarray, classes: int, mean: np.ndarray,
+               inverse: np.ndarray) -> dict[str, Any]:
+        """Coefficients and intercepts in the original feature space, as MLlib returns them."""
+        args, dim = self.args, self.args["dim"]
+        sets = classes if self.multinomial else 1
+        scaled = theta[:sets * dim].reshape(sets, dim)
+        coefficients = scaled * inverse
+        if args["fit_intercept"]:
+            intercepts = theta[sets * dim:] - coefficients @ mean
+        else:
+            intercepts = np.zeros(sets)
+        if self.multinomial and args["reg"] == 0.0:  # identifiable: centred across classes
+            coefficients -= coefficients.mean(axis=0)
+        if self.multinomial and args["fit_intercept"]:
+            intercepts -= intercepts.mean()
+        return {"numClasses": classes, "multinomial": self.multinomial,
+                "coefficients": coefficients.reshape(-1).tolist(),
+                "intercepts": intercepts.tolist(), "iterations": self.result.iterations,
+                "reason": self.result.reason, "objectiveHistory": self.result.history,
+                "evaluations": self.evaluations, "placement": self.context.placement}
