@@ -46,6 +46,8 @@ A resumable fit: 500 rounds, checkpointed every 50 under ``checkpointDir/runId``
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from types import ModuleType
 from typing import Any, ClassVar
 
@@ -65,6 +67,7 @@ from pyspark.ml.param.shared import (
     HasWeightCol,
 )
 from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, BooleanType, NumericType, StructType
 
 from sparkdist import failpoints, store
@@ -91,6 +94,8 @@ _CONNECT_FIX = ("xgboost.spark drives its training and scoring through the Spark
                 "(get_spark(master=...)).")
 INSTALL_HINT = 'XGBoost models need the xgboost package: pip install "sparkdist[xgboost]"'
 DEVICES = ("cpu", "cuda", "gpu")
+_FILLED = "filled_partitions"  # stats key: partitions of the input that hold rows
+_PARTITION = "_sparkdist_partition"  # internal column: the partition of each row
 # Metadata keys written by xgboost.spark's own writer; its reader unpickles or loads them.
 # xgboost.spark's snake_case constructor names for the column Params.
 _ALIASES = {"features_col": "featuresCol", "label_col": "labelCol",
@@ -159,10 +164,10 @@ _SHARED_PARAMS: dict[str, tuple[Any, Any, str]] = {
                                         "improvement (needs validationIndicatorCol)"),
     "verbose": (_B, False, "log evaluation results each round on the workers (off: quiet)"),
     "iteration_range": (TypeConverters.toListInt, None, "[begin, end) rounds used to predict"),
-    # True, unlike xgboost.spark: filtered or split input often has skewed or empty
-    # partitions, and an empty partition leaves its worker (a whole task slot) idle.
-    "force_repartition": (_B, True, "repartition the input evenly over the workers, even when "
-                                    "it already has num_workers partitions"),
+    # Off, as in xgboost.spark, which then repartitions only input that has not num_workers
+    # partitions; sparkdist also repartitions when one of them is empty (an idle worker).
+    "force_repartition": (_B, False, "repartition the input evenly over the workers even when "
+                                     "it has num_workers partitions, none of them empty"),
     "repartition_random_shuffle": (_B, False, "repartition by a random key, not round-robin"),
     "enable_sparse_data_optim": (_B, False, "build sparse DMatrix from sparse vectors "
                                             "(requires missing=0)"),
@@ -271,23 +276,32 @@ class _XGBoostEstimator(Estimator, HasRecovery, ParamsPersistence):
     def _fit(self, dataset: DataFrame) -> _XGBoostModel:
         require_classic(dataset, f"{type(self).__name__}.fit (xgboost.spark)", _CONNECT_FIX)
         location, run_id, stats = self._validate(dataset)
+        make = partial(self._xgboost_estimator, self._repartition(dataset, stats))
         if location is None:
-            model = self._model_class(self._fit_once(dataset))
+            model = self._model_class(self._fit_once(dataset, make))
         else:
-            model = self._fit_checkpointed(dataset, location, run_id, stats)
+            model = self._fit_checkpointed(dataset, location, run_id, stats, make)
         self._copyValues(model)
         return model
 
-    def _fit_once(self, dataset: DataFrame) -> Any:
+    def _repartition(self, dataset: DataFrame, stats: Any) -> bool:
+        """Whether xgboost.spark repartitions the input: when forced, when it has not
+        ``num_workers`` partitions (xgboost.spark's rule) or when one of them is empty (its
+        worker would idle); ``stats`` counted the partitions that hold rows."""
+        workers = self.getOrDefault("num_workers")
+        return (self.getOrDefault("force_repartition") or stats[_FILLED] != workers
+                or dataset.rdd.getNumPartitions() != workers)
+
+    def _fit_once(self, dataset: DataFrame, make: Callable[[], Any]) -> Any:
         """One ``xgboost.spark`` fit of all rounds, no checkpoints, no retries."""
         try:
-            return self._xgboost_estimator().fit(dataset)
+            return make().fit(dataset)
         except (Py4JJavaError, PySparkException) as err:  # a failed job
             raise TrainingError(f"XGBoost training failed on the executors: "
                                 f"{worker_message(err)}") from err
 
     def _fit_checkpointed(self, dataset: DataFrame, location: str, run_id: str,
-                          stats: Any) -> _XGBoostModel:
+                          stats: Any, make: Callable[[], Any]) -> _XGBoostModel:
         """Boost in checkpointed chunks (see ``_xgboost_checkpoints``) while holding the run
         (see ``HasRecovery.guarded_run``); wrap the final booster."""
         from sparkdist.models import _xgboost_checkpoints as chunks
@@ -299,7 +313,7 @@ class _XGBoostEstimator(Estimator, HasRecovery, ParamsPersistence):
         fingerprint = {**self._trajectory(),
                        **data_identity(dataset.select(*self._data_columns()).schema, stats)}
         with self.guarded_run(location, run_id, fingerprint, "n_estimators") as run:
-            raw, summary = chunks.fit_in_chunks(self._xgboost_estimator, dataset, plan,
+            raw, summary = chunks.fit_in_chunks(make, dataset, plan,
                                                 failpoints.armed(self))
             assert run is not None
             run.complete(plan.rounds)
@@ -316,10 +330,12 @@ class _XGBoostEstimator(Estimator, HasRecovery, ParamsPersistence):
                  "validationIndicatorCol")
         return [self.getOrDefault(n) for n in names if self.isDefined(n) and self.getOrDefault(n)]
 
-    def _xgboost_estimator(self) -> Any:
-        return _push_params(self, getattr(_xgboost_spark(), self._xgb_estimator)())
+    def _xgboost_estimator(self, repartition: bool | None = None) -> Any:
+        inner = _push_params(self, getattr(_xgboost_spark(), self._xgb_estimator)())
+        return inner if repartition is None else inner._set(force_repartition=repartition)
 
     # validation: Params, then checkpoints, schema, the cluster, then one pass over the label
+    # (which also counts the partitions that hold rows, for _repartition)
     def _validate(self, dataset: DataFrame) -> tuple[str | None, str, Any]:
         """Check everything before launch; return (checkpoint directory or None, run id,
         the data stats: with checkpoints, the content hash included)."""
@@ -333,7 +349,10 @@ class _XGBoostEstimator(Estimator, HasRecovery, ParamsPersistence):
         preflight(dataset.sparkSession, self.getOrDefault("num_workers"), gpu_checks=False,
                   allow_unencrypted=self.getOrDefault("allowUnencrypted"), param="num_workers")
         identity = [content_hash(*self._data_columns())] if location else []
-        return location, run_id, self._check_label(dataset, identity)
+        # Spark refuses spark_partition_id() inside an aggregate: a column below it.
+        marked = dataset.withColumn(_PARTITION, F.spark_partition_id())
+        filled = F.size(F.collect_set(_PARTITION)).alias(_FILLED)
+        return location, run_id, self._check_label(marked, [*identity, filled])
 
     def _check_params(self) -> None:
         workers, device = self.getOrDefault("num_workers"), self.getOrDefault("device")

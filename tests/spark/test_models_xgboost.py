@@ -16,6 +16,7 @@ from pyspark.ml import Pipeline, PipelineModel
 from pyspark.ml.evaluation import BinaryClassificationEvaluator
 from pyspark.ml.linalg import Vectors, VectorUDT
 from pyspark.ml.tuning import CrossValidator, CrossValidatorModel, ParamGridBuilder
+from pyspark.sql import functions as F
 from pyspark.sql.types import DoubleType, StringType, StructField, StructType
 
 from sparkdist.evaluation import evaluate
@@ -127,12 +128,29 @@ def test_params_copy_and_aliases():
     est = XGBoostClassifier(features_col="f", max_depth=4, num_workers=2)
     assert est.getFeaturesCol() == "f" and est.getOrDefault("max_depth") == 4
     assert est.getOrDefault("n_estimators") == 100  # xgboost.spark's default
-    assert est.getOrDefault("force_repartition")  # sparkdist's: no idle worker on skewed input
+    assert not est.getOrDefault("force_repartition")  # xgboost.spark's default
     other = est.copy({est.max_depth: 6})
     assert other.getOrDefault("max_depth") == 6 and est.getOrDefault("max_depth") == 4
     assert other.uid == est.uid
     with pytest.raises(TypeError):
         XGBoostClassifier(2)  # keyword-only
+
+
+def test_repartitions_only_when_a_worker_would_get_no_rows(vectors):
+    # xgboost.spark's rule (repartition unless the input has num_workers partitions), plus a
+    # repartition when one of them is empty; force_repartition=True always repartitions.
+    even = vectors.repartition(2).cache()
+    half = even.where(F.spark_partition_id() == 0)  # 2 partitions, the second one empty
+
+    def repartitions(df, **params):
+        est = XGBoostClassifier(**{**FAST, **params})
+        return est._repartition(df, est._validate(df)[2])
+
+    assert not repartitions(even)
+    assert repartitions(half) and repartitions(vectors.repartition(3))
+    assert repartitions(even, force_repartition=True)
+    assert XGBoostClassifier(**FAST).fit(half).transform(vectors).count() == 90
+    even.unpersist()
 
 
 def test_cross_validator_grid_in_pipeline(vectors):
