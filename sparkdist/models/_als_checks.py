@@ -19,23 +19,29 @@ from pyspark.sql.types import (
 
 from sparkdist.columns import col, empty_data_error, require_columns, require_numeric
 from sparkdist.exceptions import SchemaError
-from sparkdist.models._als_ids import _I, _U
+from sparkdist.models._als_ids import _I, _U, id_counts
 
 
 def check_ratings_input(dataset: DataFrame, user: str, item: str, rating: str,
-                        implicit: bool, duplicate_policy: str) -> Row:
+                        implicit: bool,
+                        duplicate_policy: str) -> tuple[Row, list[str], list[Row]]:
     """Refuse input no ALS fit can use: missing or non-atomic id columns, a non-numeric
     rating column, no rows, null ids, null/NaN ratings, negative explicit ratings and, under
     ``duplicatePolicy='error'``, repeated (user, item) pairs. ``rating=""`` rates every pair
-    1.0 (no rating column). Returns the stats row: ``u_min``/``i_min`` are the smallest user
-    and item ids of an int column (None for other types)."""
+    1.0 (no rating column).
+
+    Returns the stats row (``u_min``/``i_min``: the smallest user and item ids of an int
+    column, else None), the id columns that are not ints (they need a mapping) and their
+    :func:`~sparkdist.models._als_ids.id_counts` rows, collected in the same job."""
     _check_id_column(dataset, user, "userCol")
     _check_id_column(dataset, item, "itemCol")
     if rating:
         require_columns(dataset.schema, [rating], "ratingCol")
         require_numeric(dataset.schema, rating, "ratingCol",
                         f"cast it first, e.g. F.col('{rating}').cast('double').")
-    stats = _value_stats(dataset, user, item, rating)
+    mapped = [c for c in dict.fromkeys((user, item))
+              if not isinstance(dataset.schema[c].dataType, IntegerType)]
+    stats, counts = _value_stats(dataset, user, item, rating, mapped)
     if not stats["rows"]:
         raise empty_data_error("ALS.fit")
     for param, name, key in (("userCol", user, "u"), ("itemCol", item, "i")):
@@ -52,7 +58,7 @@ def check_ratings_input(dataset: DataFrame, user: str, item: str, rating: str,
             f"than once, e.g. ({u!r}, {i!r}) has {n} rows. Set duplicatePolicy='mean' to "
             "average them or 'sum' to add them (e.g. implicit counts), or deduplicate "
             "first.")
-    return stats
+    return stats, mapped, counts
 
 
 def _check_id_column(dataset: DataFrame, name: str, param: str) -> None:
@@ -79,8 +85,10 @@ def _check_ratings(stats: Any, rating: str, implicit: bool) -> None:
                           "implicitPrefs=True if they are implicit signals.")
 
 
-def _value_stats(dataset: DataFrame, user: str, item: str, rating: str) -> Row:
-    """Rows, null ids, null/NaN/negative ratings and duplicate pairs, in one Spark job."""
+def _value_stats(dataset: DataFrame, user: str, item: str, rating: str,
+                 mapped: list[str]) -> tuple[Row, list[Row]]:
+    """Rows, null ids, null/NaN/negative ratings and duplicate pairs, and the id counts of
+    the ``mapped`` columns, in one Spark job."""
     r = col(rating) if rating else F.lit(1.0)
     is_float = rating and isinstance(dataset.schema[rating].dataType, (FloatType, DoubleType))
     # Grouped under internal names: "a.b" would read as a struct field in the second agg.
@@ -103,6 +111,9 @@ def _value_stats(dataset: DataFrame, user: str, item: str, rating: str) -> Row:
         total("nan").alias("nan"), total("neg").alias("neg"), F.min("min").alias("min"),
         F.count_if(n > 1).alias("pairs"),
         F.min(F.when(n > 1, F.struct(_U, _I, "n"))).alias("example"),
-        int_min(user, _U).alias("u_min"), int_min(item, _I).alias("i_min")).first()
-    assert stats is not None
-    return stats
+        int_min(user, _U).alias("u_min"), int_min(item, _I).alias("i_min"))
+    if not mapped:
+        return stats.collect()[0], []
+    rows = stats.unionByName(id_counts(dataset, mapped), allowMissingColumns=True).collect()
+    [summary] = [row for row in rows if row["_col"] is None]
+    return summary, [row for row in rows if row["_col"] is not None]

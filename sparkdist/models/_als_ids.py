@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from functools import reduce
 from itertools import accumulate
 
-from pyspark.sql import DataFrame, Window
+from pyspark.sql import DataFrame, Row, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import IntegerType
 
@@ -26,22 +26,34 @@ _BUCKETS = 64  # hash buckets that number the ids in parallel
 _MAX_IDS = 2**31 - 1  # MLlib ALS ids are ints
 
 
-def index_ids(dataset: DataFrame, cols: Sequence[str]) -> list[DataFrame]:
+def index_ids(dataset: DataFrame, cols: Sequence[str],
+              counts: Sequence[Row] | None = None) -> list[DataFrame]:
     """(id, index) per column: its distinct ids numbered 0..n-1 in (hash bucket, id) order.
 
     An index is a pure function of the set of ids, so recomputing it never changes it, and
     it needs no RDD API (zipWithIndex), so it runs on Spark Connect. Hash buckets instead of
     one global sort keep the numbering parallel (a window without a partition runs in one
-    task). Cached, because training and every transform join them.
+    task). ``counts``: the rows of :func:`id_counts` when already collected (the input checks
+    collect them in their job), else one small job collects them. Cached, because training
+    and every transform join them.
     """
-    bucket = F.pmod(F.xxhash64("id"), F.lit(_BUCKETS)).cast("int").alias("_bucket")
-    ids = [dataset.select(col(c).alias("id")).distinct().select("id", bucket) for c in cols]
-    counts = [d.groupBy("_bucket").count().withColumn("_col", F.lit(k))
-              for k, d in enumerate(ids)]
+    rows = id_counts(dataset, cols).collect() if counts is None else counts
     sizes: dict[int, dict[int, int]] = {k: {} for k in range(len(cols))}
-    for row in reduce(DataFrame.unionByName, counts).collect():  # one small job
+    for row in rows:
         sizes[row["_col"]][row["_bucket"]] = row["count"]
-    return [_numbered(d, sizes[k], col) for k, (d, col) in enumerate(zip(ids, cols))]
+    return [_numbered(_ids(dataset, c), sizes[k], c) for k, c in enumerate(cols)]
+
+
+def id_counts(dataset: DataFrame, cols: Sequence[str]) -> DataFrame:
+    """(_col, _bucket, count): how many distinct ids column ``cols[_col]`` has per bucket."""
+    counts = [_ids(dataset, c).groupBy("_bucket").count().withColumn("_col", F.lit(k))
+              for k, c in enumerate(cols)]
+    return reduce(DataFrame.unionByName, counts)
+
+
+def _ids(dataset: DataFrame, name: str) -> DataFrame:
+    bucket = F.pmod(F.xxhash64("id"), F.lit(_BUCKETS)).cast("int").alias("_bucket")
+    return dataset.select(col(name).alias("id")).distinct().select("id", bucket)
 
 
 def _numbered(ids: DataFrame, sizes: dict[int, int], col: str) -> DataFrame:

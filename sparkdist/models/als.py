@@ -158,14 +158,17 @@ class ALS(MLlibEstimator, _ALSParams):
         # The base template, except that the id mappings built while preparing the input
         # also go into the model.
         self._check_params()
-        stats = self._checked(dataset)
+        stats, mapped, counts = self._checked(dataset)
         if self.getCheckpointInterval() >= 1:  # first: on Spark Connect it may refuse
             ensure_checkpoint_dir(dataset.sparkSession)
-        # Non-negative int ids are MLlib's own; other columns get an (id, index) mapping.
-        mapped = [c for c, low in ((self.getUserCol(), stats["u_min"]),
-                                   (self.getItemCol(), stats["i_min"])) if low is None or low < 0]
-        built = dict(zip(mapped, index_ids(dataset, mapped))) if mapped else {}
-        users, items = built.get(self.getUserCol()), built.get(self.getItemCol())
+        # Non-negative int ids are MLlib's own; other columns get an (id, index) mapping,
+        # from the id counts of the check job (int columns with negative ids: a job of theirs).
+        user, item = self.getUserCol(), self.getItemCol()
+        late = [c for c, low in ((user, stats["u_min"]), (item, stats["i_min"]))
+                if c not in mapped and low is not None and low < 0]
+        built = dict(zip(mapped, index_ids(dataset, mapped, counts)))
+        built.update(zip(late, index_ids(dataset, late) if late else []))
+        users, items = built.get(user), built.get(item)
         inner = self._fit_mllib(self._indexed_ratings(dataset, users, items),
                                 userCol=_U, itemCol=_I, ratingCol=_R)
         model = ALSModel(inner, users, items)
@@ -176,8 +179,8 @@ class ALS(MLlibEstimator, _ALSParams):
     def _validate(self, dataset: DataFrame) -> None:
         self._checked(dataset)
 
-    def _checked(self, dataset: DataFrame) -> Row:
-        """The input checks (one job); the stats row (see ``check_ratings_input``)."""
+    def _checked(self, dataset: DataFrame) -> tuple[Row, list[str], list[Row]]:
+        """The input checks and id counts (one job; see ``check_ratings_input``)."""
         check_one_of("duplicatePolicy", self.getDuplicatePolicy(), DUPLICATE_POLICIES)
         check_one_of("coldStartStrategy", self.getColdStartStrategy(), COLD_START_STRATEGIES)
         return check_ratings_input(dataset, self.getUserCol(), self.getItemCol(),

@@ -20,6 +20,7 @@ from sparkdist.datasets import make_ratings, ratings
 from sparkdist.exceptions import ParamError, SchemaError
 from sparkdist.features import split
 from sparkdist.models import _als_ids
+from sparkdist.models._als_checks import check_ratings_input
 from sparkdist.models.als import ALS, ALSModel
 from sparkdist.persist import data_dir
 
@@ -163,6 +164,11 @@ def test_id_index_is_dense_and_deterministic(data):
     mapping = dict(rows(first, "id", "index"))
     assert mapping == dict(rows(second, "id", "index"))
     assert sorted(mapping.values()) == list(range(len(mapping)))
+    # The input checks collect the same id counts in their own job: the same numbering.
+    _, mapped, counts = check_ratings_input(df, "user_id", "item_id", "rating", False, "mean")
+    assert mapped == ["user_id", "item_id"] and counts
+    [folded, _] = _als_ids.index_ids(df, mapped, counts)
+    assert dict(rows(folded, "id", "index")) == mapping
 
 
 # -- accuracy, cold starts, metrics ----------------------------------------------------------
