@@ -64,8 +64,7 @@ def has_validation(est: TorchEstimator) -> bool:
 
 
 def prepare(est: TorchEstimator, dataset: DataFrame) -> DataFrame:
-    """Columns ``features`` (array<float>), ``label`` (float), ``is_validation`` and
-    ``is_bad`` (a NaN, infinite or null value in the row)."""
+    """Columns ``features`` (array<float>), ``label`` (float), ``is_validation``."""
     label = est.getOrDefault("labelCol")
     columns = est.featureSource() + [label]
     if est.isSet("validationCol"):
@@ -73,10 +72,9 @@ def prepare(est: TorchEstimator, dataset: DataFrame) -> DataFrame:
     require_columns(dataset.schema, columns, "TorchEstimator")
     features = features_array(dataset.schema, est.featureSource())
     require_numeric(dataset.schema, label, "labelCol", _INDEX_STRINGS)
-    return (dataset.select(features.alias("features"),
-                           col(label).cast("float").alias("label"),
-                           _validation_flag(est, dataset, features).alias("is_validation"))
-            .withColumn(datacheck.IS_BAD, ~good_row()))
+    return dataset.select(features.alias("features"),
+                          col(label).cast("float").alias("label"),
+                          _validation_flag(est, dataset, features).alias("is_validation"))
 
 
 def _validation_flag(est: TorchEstimator, dataset: DataFrame, features: Any) -> Any:
@@ -238,7 +236,7 @@ def _data_aggregates() -> list[Any]:
     return [F.count(F.lit(1)).alias("rows"),
             F.min(F.size("features")).alias("min_dim"),
             F.max(F.size("features")).alias("max_dim"),
-            F.count_if(datacheck.IS_BAD).alias("bad_rows"),
+            F.count_if(~good_row()).alias("bad_rows"),
             F.min(good_label).alias("min_label"), F.max(good_label).alias("max_label"),
             F.count_if(good_label != F.floor(good_label)).alias("fractional")]
 

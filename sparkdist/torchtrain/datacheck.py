@@ -26,8 +26,6 @@ import pyarrow.compute as pc
 from sparkdist.columns import empty_data_error
 from sparkdist.exceptions import ParamError, SchemaError
 
-#: The column the driver adds: true for a row with a NaN, infinite or null value.
-IS_BAD = "is_bad"
 #: The order of the figures in the all-reduced table.
 FIELDS = ("rows", "bad_rows", "min_dim", "max_dim", "min_label", "max_label", "fractional")
 
@@ -88,8 +86,10 @@ def combine(table: np.ndarray) -> dict[str, Any]:
 
 
 class PartitionScan:
-    """Pass one partition's Arrow batches on, without the rows flagged :data:`IS_BAD` or whose
-    vector is not ``dim`` long, noting the figures :func:`check_stats` needs on the way."""
+    """Pass one partition's Arrow batches on without their bad rows (a null, NaN or infinite
+    value in the features or the label) and without rows whose vector is not ``dim`` long,
+    noting the figures :func:`check_stats` needs on the way. Vectorised over each batch
+    (Arrow and numpy): the JVM only converts the vectors, as any reader of them would."""
 
     def __init__(self, batches: Iterable[pa.RecordBatch], dim: int) -> None:
         self._batches, self.dim = batches, dim
@@ -104,19 +104,27 @@ class PartitionScan:
 
     def _keep(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         self.rows += batch.num_rows
-        bad = batch.column(IS_BAD).to_numpy(zero_copy_only=False).astype(bool)
-        self.bad_rows += int(bad.sum())
-        batch = batch.filter(pa.array(~bad)).drop_columns([IS_BAD])
-        lengths = pc.list_value_length(batch.column("features")).to_numpy(zero_copy_only=False)
-        if len(lengths):
-            self.min_dim = min(self.min_dim, int(lengths.min()))
-            self.max_dim = max(self.max_dim, int(lengths.max()))
-        labels = batch.column("label").to_numpy(zero_copy_only=False)
-        if len(labels):
-            self.min_label = min(self.min_label, float(labels.min()))
-            self.max_label = max(self.max_label, float(labels.max()))
-            self.fractional += int(np.count_nonzero(labels != np.floor(labels)))
-        return batch.filter(pa.array(lengths == self.dim))
+        features = batch.column("features")
+        lengths = pc.fill_null(pc.list_value_length(features), -1).to_numpy(
+            zero_copy_only=False)
+        labels = batch.column("label").to_numpy(zero_copy_only=False).astype(np.float64)
+        good = np.isfinite(labels) & (lengths >= 0)  # nulls arrive as NaN, and length -1
+        shaped = lengths == self.dim
+        if shaped.any():  # every value of the rows of the right length: finite?
+            rows = features if shaped.all() else features.filter(pa.array(shaped))
+            values = pc.list_flatten(rows).to_numpy(zero_copy_only=False)
+            finite = np.isfinite(values.astype(np.float32, copy=False))
+            good[shaped] &= finite.reshape(-1, self.dim).all(1)
+        self.bad_rows += int(np.count_nonzero(~good))
+        if good.any():
+            self.min_dim = min(self.min_dim, int(lengths[good].min()))
+            self.max_dim = max(self.max_dim, int(lengths[good].max()))
+            kept = labels[good]
+            self.min_label = min(self.min_label, float(kept.min()))
+            self.max_label = max(self.max_label, float(kept.max()))
+            self.fractional += int(np.count_nonzero(kept != np.floor(kept)))
+        keep = good & shaped
+        return batch if keep.all() else batch.filter(pa.array(keep))
 
     def figures(self) -> list[float]:
         """This partition's figures, in :data:`FIELDS` order."""

@@ -4,7 +4,7 @@ A Spark partition reaches a barrier task as an iterator of ``pyarrow.RecordBatch
 ``features`` column (list of numbers, one length ``dim`` for every row), a ``label`` column and
 optionally a boolean ``is_validation`` column. :func:`spill` makes one pass over it and writes
 training and validation rows to two local Arrow IPC files in blocks of ``block_rows`` rows.
-Each epoch then reads a file through a memory map (:meth:`SpilledRows.batches`): blocks in a
+Each epoch then reads a file a block at a time (:meth:`SpilledRows.batches`): blocks in a
 seeded random order, rows mixed in a sliding buffer of a few blocks. Memory is bounded by that
 buffer and one batch, never by the partition size, and no row becomes a Python object.
 
@@ -280,7 +280,9 @@ class _BlockWriter:
 
 
 class SpilledRows:
-    """Rows spilled by :func:`spill`, read zero-copy through a memory map.
+    """Rows spilled by :func:`spill`, read back a block at a time. Plain reads, not a memory
+    map: a mapped file's pages count towards the process's resident memory as they are
+    touched, so a memory map would grow a worker's RSS with its partition.
 
     Parameters
     ----------
@@ -312,7 +314,7 @@ class SpilledRows:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._source = pa.memory_map(path, "r")
+        self._source = pa.OSFile(path, "rb")
         self._reader: pa.ipc.RecordBatchFileReader | None = pa.ipc.open_file(self._source)
         kind = self._reader.schema.field(FEATURES).type
         if not pa.types.is_fixed_size_list(kind):
@@ -336,7 +338,7 @@ class SpilledRows:
         self.close()
 
     def close(self) -> None:
-        """Release the memory map (batches already yielded stay valid: they are copies)."""
+        """Close the file (batches already yielded stay valid: they are copies)."""
         self._reader = None
         self._source.close()
 
@@ -405,13 +407,27 @@ class SpilledRows:
         return self.dim
 
     def _read_block(self, index: int) -> Chunk:
-        """One block as read-only numpy views of the memory map (no copy)."""
+        """One block as read-only numpy views of the buffers it was read into."""
         if self._reader is None:
             raise ValueError(f"{self.path} was closed while its batches were being read")
         block = self._reader.get_batch(index)
         features = block.column(0).flatten().to_numpy(zero_copy_only=True)
         labels = block.column(1).to_numpy(zero_copy_only=True)
         return features.reshape(len(labels), -1), labels
+
+    def _read_blocks(self, indices: np.ndarray) -> Chunk:
+        """Blocks ``indices`` into one pair of arrays, a block at a time (one block's read
+        buffers alive at once)."""
+        total = int(self._block_sizes[indices].sum())
+        features = np.empty((total, self.dim or 0), np.float32)
+        labels = np.empty(total, np.float32)
+        at = 0
+        for index in indices:
+            block_features, block_labels = self._read_block(index)
+            features[at:at + len(block_labels)] = block_features
+            labels[at:at + len(block_labels)] = block_labels
+            at += len(block_labels)
+        return features, labels
 
     def _shuffled_chunks(self, rng: np.random.Generator, shuffle_blocks: int) -> Iterator[Chunk]:
         """Blocks in random order through a sliding shuffle buffer of ``shuffle_blocks`` blocks.
@@ -421,9 +437,7 @@ class SpilledRows:
         """
         order = rng.permutation(self.num_blocks)
         block_rows = int(self._block_sizes.max())
-        first = [self._read_block(i) for i in order[:shuffle_blocks]]
-        features = np.concatenate([block[0] for block in first])
-        labels = np.concatenate([block[1] for block in first])
+        features, labels = self._read_blocks(order[:shuffle_blocks])
         for index in order[shuffle_blocks:]:
             new_features, new_labels = self._read_block(index)
             if len(new_labels) > len(labels):  # a short last block filled a one-block buffer
@@ -464,7 +478,7 @@ class _Rechunker:
         self._offset = 0
 
     def take(self, size: int) -> Chunk:
-        """The next ``size`` rows; copies, so they never point into the memory map."""
+        """The next ``size`` rows; copies, so they never point into a block's buffers."""
         features: list[np.ndarray] = [np.empty((0, self._dim), np.float32)]
         labels: list[np.ndarray] = [np.empty(0, np.float32)]
         while size > 0:

@@ -1,5 +1,5 @@
 """TorchEstimator's value checks in the training ranks (no Spark): a partition scan drops the
-flagged rows and notes its figures, the ranks' figures combine, the rules raise the driver's
+rows with bad values and notes its figures, the ranks' figures combine, the rules raise the driver's
 typed errors, and the driver ends the fit at once with that error."""
 
 from __future__ import annotations
@@ -16,11 +16,10 @@ RULES = {"source": "features", "label_col": "label", "nan_policy": "error", "bat
          "loss": "bce", "num_classes": 0}
 
 
-def _batch(features, labels, bad) -> pa.RecordBatch:
-    return pa.RecordBatch.from_pydict({"features": features, "label": labels, "is_bad": bad},
+def _batch(features, labels) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pydict({"features": features, "label": labels},
                                       schema=pa.schema([("features", pa.list_(pa.float32())),
-                                                        ("label", pa.float32()),
-                                                        ("is_bad", pa.bool_())]))
+                                                        ("label", pa.float32())]))
 
 
 def _scan(*batches: pa.RecordBatch, dim: int = 2) -> tuple[list[pa.RecordBatch], list[float]]:
@@ -29,22 +28,24 @@ def _scan(*batches: pa.RecordBatch, dim: int = 2) -> tuple[list[pa.RecordBatch],
     return kept, scan.figures()
 
 
-def test_a_scan_drops_flagged_rows_and_notes_the_partition():
-    kept, figures = _scan(_batch([[0, 1], None, [1, 1]], [1.0, 0.0, 0.0], [False, True, False]),
-                          _batch([[2, 2]], [1.0], [False]))
+def test_a_scan_drops_rows_with_null_nan_or_infinite_values_and_counts_them():
+    kept, figures = _scan(
+        _batch([[0, 1], None, [1, 1], [np.nan, 1], [1, None], [np.inf, 0], [1, 0]],
+               [1.0, 0.0, 0.0, 1.0, 1.0, 1.0, None]),
+        _batch([[2, 2]], [1.0]))
     assert [batch.num_rows for batch in kept] == [2, 1]
-    assert "is_bad" not in kept[0].schema.names
-    assert figures == [4, 1, 2, 2, 0.0, 1.0, 0]
+    assert kept[0].column("features").to_pylist() == [[0, 1], [1, 1]]
+    assert figures == [8, 5, 2, 2, 0.0, 1.0, 0]
 
 
 def test_rows_of_another_length_are_not_passed_on_but_counted():
-    kept, figures = _scan(_batch([[0, 1], [1, 1, 1]], [1.0, 0.5], [False, False]))
+    kept, figures = _scan(_batch([[0, 1], [1, 1, 1]], [1.0, 0.5]))
     assert kept[0].num_rows == 1
     assert figures[2:4] == [2, 3] and figures[-1] == 1  # lengths 2..3, one fractional label
 
 
 def test_the_ranks_figures_combine_and_empty_ranks_do_not_count():
-    _, first = _scan(_batch([[0, 1], [1, 1]], [1.0, 0.0], [False, False]))
+    _, first = _scan(_batch([[0, 1], [1, 1]], [1.0, 0.0]))
     _, empty = _scan()
     stats = combine(np.array([first, empty]))
     assert stats == {"rows": 2, "bad_rows": 0, "fractional": 0, "min_dim": 2, "max_dim": 2,
