@@ -6,7 +6,16 @@ alternately --repeats times on cached data; the median counts (target: ratio <= 
 Also: the 2-worker XGBoost fit against single-process xgboost on the same rows (time ratio
 and test AUC difference). Prints one JSON line.
 
-    python bench/classical.py [--rows 200000] [--repeats 3]
+LogisticRegression(solver='allreduce') against MLlib's LogisticRegression (issue 15): fit
+time on --lr-rows x --lr-features dense generated rows (binomial, and --lr-classes classes
+multinomial), same Params (MLlib's defaults: maxIter 100, tol 1e-6, no regularisation, and
+an elastic-net row), both timed from the driver, alternating, median of --repeats after a
+warm-up (target: mllib_s / allreduce_s >= 3); the test log-loss difference (target <= 1e-4)
+and the largest coefficient difference on the standardised scale (coefficient x feature std,
+target <= 1e-3). Also scikit-learn's lbfgs on one core (threadpoolctl) on the same rows
+collected to the driver, the single-machine reference (target: allreduce within 1.5x).
+
+    python bench/classical.py [--rows 200000] [--repeats 3] [--only lr] [--lr-rows 1000000]
 """
 
 from __future__ import annotations
@@ -15,7 +24,7 @@ import argparse
 from collections.abc import Callable
 
 import numpy as np
-from _common import alternating, machine, start_spark, timed, write_result
+from _common import alternating, machine, median_time, start_spark, timed, write_result
 from pyspark.ml import classification as mllib_classification
 from pyspark.ml import recommendation as mllib_recommendation
 from pyspark.ml.functions import vector_to_array
@@ -27,6 +36,7 @@ from sparkdist.evaluation import classification_metrics
 from sparkdist.features import FeatureAssembler, split
 
 LABEL = CHURN_LABEL
+LR_LABEL = "label"
 
 
 def pair(ours: Callable[[], object], theirs: Callable[[], object], repeats: int) -> dict:
@@ -62,12 +72,143 @@ def xgboost_single_process(train: DataFrame, test: DataFrame, params: dict) -> d
     return {"seconds": seconds, "auc": float(roc_auc_score(yt, clf.predict_proba(xt)[:, 1]))}
 
 
+# -- logistic regression: allreduce vs MLlib vs scikit-learn ---------------------------------
+def lr_data(spark, rows: int, features: int, classes: int, seed: int = 0) -> DataFrame:
+    """Dense rows from a logistic (softmax) model with logistic (Gumbel) noise, features on
+    scales 1..5, in 2 partitions; ``test`` marks every 10th row."""
+    from pyspark.ml.functions import array_to_vector
+    from pyspark.sql import functions as F
+
+    rng = np.random.default_rng(seed)
+    scales = 1.0 + np.arange(features) % 5
+    truth = rng.normal(size=(classes if classes > 2 else 1, features)) / scales
+    df = spark.range(rows, numPartitions=2)
+    x = [F.randn(seed * 1000 + j) * float(scales[j]) for j in range(features)]
+    df = df.select("id", F.array(*x).alias("x"))
+
+    def margin(k: int) -> object:
+        return sum((F.col("x")[j] * float(truth[k, j]) for j in range(features)), F.lit(0.0))
+
+    def noise(k: int) -> object:  # Gumbel; the difference of two is logistic
+        return -F.log(-F.log(F.rand(seed * 1000 + features + k) * 0.999998 + 0.000001))
+
+    if classes > 2:
+        scores = F.array(*[margin(k) + noise(k) for k in range(classes)])
+        label = F.array_position(scores, F.array_max(scores)) - 1
+    else:
+        label = F.when(margin(0) + noise(0) > noise(1), 1).otherwise(0)
+    return df.select((F.col("id") % 10 == 0).alias("test"),
+                     array_to_vector("x").alias("features"),
+                     label.cast("double").alias(LR_LABEL))
+
+
+def arrays(df: DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    table = df.select(vector_to_array("features").alias("x"), LR_LABEL).toArrow()
+    width = len(table.column("x")[0])
+    x = table.column("x").combine_chunks().flatten().to_numpy().reshape(-1, width)
+    return x, table.column(LR_LABEL).to_numpy()
+
+
+def log_loss(coefficients: np.ndarray, intercepts: np.ndarray, x: np.ndarray,
+             y: np.ndarray) -> float:
+    margins = x @ coefficients.T + intercepts
+    if coefficients.shape[0] == 1:
+        margins = np.hstack([np.zeros_like(margins), margins])
+    margins -= margins.max(axis=1, keepdims=True)
+    log_p = margins - np.log(np.exp(margins).sum(axis=1, keepdims=True))
+    return float(-log_p[np.arange(len(y)), y.astype(int)].mean())
+
+
+def sklearn_lbfgs(x: np.ndarray, y: np.ndarray, params: dict, repeats: int) -> tuple:
+    """scikit-learn's lbfgs on one core: median seconds and the fitted model."""
+    from sklearn.linear_model import LogisticRegression as SklearnLR
+    from threadpoolctl import threadpool_limits
+
+    reg = params.get("regParam", 0.0)
+    options = {"C": 1.0 / (reg * len(y))} if reg else {"C": np.inf}
+    model = SklearnLR(solver="lbfgs", max_iter=params.get("maxIter", 100), tol=1e-6,
+                      **options)
+    with threadpool_limits(1):
+        seconds = median_time(lambda: model.fit(x, y), repeats)
+    return seconds, model
+
+
+def lr_rows(spark, rows: int, features: int, classes: int, repeats: int,
+            params: dict, with_sklearn: bool) -> dict:
+    data = lr_data(spark, rows, features, classes).cache()
+    train = data.where("not test").drop("test").cache()
+    test = data.where("test").drop("test")
+    n = train.count()
+    fits: dict[str, object] = {}
+
+    def side(solver: str) -> Callable[[], object]:
+        def run() -> object:
+            if solver == "mllib":
+                fits[solver] = mllib_classification.LogisticRegression(**params).fit(train)
+            else:
+                fits[solver] = models.LogisticRegression(solver=solver, **params).fit(train)
+            return fits[solver]
+        return run
+
+    medians = alternating({"allreduce": side("allreduce"), "mllib": side("mllib")}, repeats)
+    xt, yt = arrays(test)
+    x, y = arrays(train)
+    std = x.std(axis=0, ddof=1)
+    coef = {k: (m.coefficientMatrix.toArray(), m.interceptVector.toArray())  # type: ignore
+            for k, m in fits.items()}
+    losses = {k: log_loss(c, b, xt, yt) for k, (c, b) in coef.items()}
+    figures = {
+        "rows": n, "features": features, "classes": classes, "params": params,
+        "allreduce_s": round(medians["allreduce"], 3), "mllib_s": round(medians["mllib"], 3),
+        "speedup": round(medians["mllib"] / medians["allreduce"], 2),
+        "test_logloss_allreduce": round(losses["allreduce"], 6),
+        "test_logloss_mllib": round(losses["mllib"], 6),
+        "logloss_difference": float(f"{abs(losses['allreduce'] - losses['mllib']):.2e}"),
+        "max_std_coefficient_difference": float(
+            f"{np.abs((coef['allreduce'][0] - coef['mllib'][0]) * std).max():.2e}"),
+        "zero_pattern_equal": bool(((coef["allreduce"][0] == 0)
+                                    == (coef["mllib"][0] == 0)).all())}
+    if with_sklearn:
+        seconds, model = sklearn_lbfgs(x, y, params, repeats)
+        reference = model.coef_ if classes > 2 else model.coef_[:1]
+        figures.update({
+            "sklearn_1core_s": round(seconds, 3),
+            "allreduce_vs_sklearn": round(medians["allreduce"] / seconds, 2),
+            "test_logloss_sklearn": round(log_loss(reference, model.intercept_, xt, yt), 6)})
+    data.unpersist()
+    train.unpersist()
+    return figures
+
+
+def logistic_regression_figures(spark, args: argparse.Namespace) -> dict:
+    rows, width, repeats = args.lr_rows, args.lr_features, args.repeats
+    out = {"binomial": lr_rows(spark, rows, width, 2, repeats, {"labelCol": LR_LABEL}, True),
+           "elastic_net": lr_rows(spark, rows, width, 2, repeats,
+                                  {"labelCol": LR_LABEL, "regParam": 0.01,
+                                   "elasticNetParam": 0.5}, False)}
+    if args.lr_classes > 2:
+        out["multinomial"] = lr_rows(spark, rows, width, args.lr_classes, repeats,
+                                     {"labelCol": LR_LABEL}, True)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--only", choices=["all", "lr"], default="all",
+                        help="lr: only the LogisticRegression allreduce-vs-MLlib rows")
+    parser.add_argument("--lr-rows", type=int, default=1_000_000)
+    parser.add_argument("--lr-features", type=int, default=50)
+    parser.add_argument("--lr-classes", type=int, default=10,
+                        help="classes of the multinomial row (<= 2: no multinomial row)")
     args = parser.parse_args()
     spark = start_spark("sparkdist-bench-classical")
+    if args.only == "lr":
+        write_result("classical_lr", {"logistic_regression_allreduce":
+                                      logistic_regression_figures(spark, args),
+                                      "repeats": args.repeats, "machine": machine(spark)})
+        return
     train, test = churn_features(spark, args.rows)
     figures: dict[str, object] = {"rows": args.rows, "repeats": args.repeats}
 
@@ -105,6 +246,7 @@ def main() -> None:
     figures["ratings_rows"] = rated.count()
     figures["als"] = pair(lambda: models.ALS(**als).fit(rated),
                           lambda: mllib_recommendation.ALS(**als).fit(rated), args.repeats)
+    figures["logistic_regression_allreduce"] = logistic_regression_figures(spark, args)
     figures["machine"] = machine(spark)
     write_result("classical", figures)
 
