@@ -133,7 +133,8 @@ def _doc_section(params: list[Param[Any]]) -> str:
     for param in params:
         suffix = accessor_suffix(param.name)
         lines.append(f"{param.name} : get{suffix}() / set{suffix}(value)")
-        lines += textwrap.wrap(param.doc, 84, initial_indent="    ", subsequent_indent="    ")
+        lines += textwrap.wrap(param.doc, 84, initial_indent="    ", subsequent_indent="    ",
+                               break_on_hyphens=False)
     return "\n".join(lines)
 
 
