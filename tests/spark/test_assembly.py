@@ -114,6 +114,7 @@ def test_unseen_category_encodes_as_zeros(churn_df, small_churn):
 
 
 # -- null policies -------------------------------------------------------------------------
+@pytest.mark.slow
 def test_null_policy_error_names_columns_and_fixes(null_df):
     with pytest.raises(SchemaError) as info:
         FeatureAssembler(numericCols=["x"], categoricalCols=["c"], labelCol="y").fit(null_df)
@@ -376,6 +377,7 @@ def _save(stage, path):
     return str(path)
 
 
+@pytest.mark.slow
 def test_model_save_load_preserves_state(spark, null_df, tmp_path):
     df = null_df.withColumn("y", F.when(F.col("y") == 1, "churned").otherwise("stayed"))
     model = FeatureAssembler(numericCols=["x"], categoricalCols=["c"], labelCol="y",
@@ -445,6 +447,7 @@ def test_infinity_is_refused_naming_the_column(spark, policy, value):
     assert "numericCols" in str(info.value) and "{'x.inf': 1}" in str(info.value)
 
 
+@pytest.mark.slow
 def test_dotted_and_backticked_column_names(spark):
     rows = [(1.0, "p", [1.0, 0.0], "no"), (2.0, "q", [0.0, 1.0], "yes"),
             (None, "p", [1.0, 1.0], "yes")]

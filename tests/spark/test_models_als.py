@@ -157,6 +157,7 @@ def test_non_negative_int_ids_go_to_mllib_unmapped(tmp_path, small):
     assert {r.user_id for r in shifted.userFactors.collect()} == {-u - 1 for u in users}
 
 
+@pytest.mark.slow
 def test_id_index_is_dense_and_deterministic(data):
     df = data[0]
     [first] = _als_ids.index_ids(df.repartition(3), ["user_id"])
@@ -172,6 +173,7 @@ def test_id_index_is_dense_and_deterministic(data):
 
 
 # -- accuracy, cold starts, metrics ----------------------------------------------------------
+@pytest.mark.slow
 def test_unknown_ids_are_cold_starts(spark, data, model):
     _, _, test = data
     strangers = spark.createDataFrame([("new-user", "i0001", 3.0), ("u00001", "new-item", 3.0)],
@@ -219,6 +221,7 @@ def test_rmse_well_below_rating_std_and_metrics_never_nan(spark, data, model):
         model.recommendForAllUsers(0)
 
 
+@pytest.mark.slow
 def test_implicit_feedback_accepts_negatives_and_reports_ranking_only(small):
     df = small.withColumn("rating", F.col("rating") - 3.0)  # negative = disliked
     model = als(rank=3, maxIter=5, implicitPrefs=True, alpha=2.0).fit(df)
@@ -233,6 +236,7 @@ def _set_checkpoint_dir(sc, value):
     getattr(sc._jsc.sc(), "checkpointDir_$eq")(option)
 
 
+@pytest.mark.slow
 def test_checkpoint_dir_is_set_automatically(spark, small, caplog):
     sc = spark.sparkContext
     previous = sc.getCheckpointDir()
@@ -289,6 +293,7 @@ def test_in_pipeline_with_save_load(tmp_path, data):
     assert rows(reloaded.transform(test), *cols) == predicted
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tuner", ["cv", pytest.param("tvs", marks=pytest.mark.slow)])
 def test_tuning_with_grid(small, tuner):
     estimator = als(maxIter=3)

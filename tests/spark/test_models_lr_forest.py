@@ -142,6 +142,7 @@ def check_accessors(name, model) -> None:
         assert model.numClasses == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(FAST))
 def test_pipeline_persistence_and_copy(raw, tmp_path, name):
     estimator = FAST[name](maxIter=3) if name == "lr" else FAST[name]()
@@ -248,6 +249,7 @@ def test_confusion_counts_match_a_direct_count(spark):
         assert (tp[i] + fn[i], fp[i] + tn[i]) == (sum(labels), len(labels) - sum(labels))
 
 
+@pytest.mark.slow
 def test_f1_threshold_beats_half_on_validation_rows(imbalanced, tmp_path):
     model = FAST["lr"](thresholdMetric="f1").fit(imbalanced)
     assert model.tunedThreshold != 0.5
@@ -280,6 +282,7 @@ def test_forest_threshold_tuning_with_class_weight(imbalanced):
 
 
 # -- quality ---------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_breast_cancer_accuracy(spark, seed):
     from sklearn.datasets import load_breast_cancer
 

@@ -96,6 +96,7 @@ def test_skewed_partitions_with_one_empty_train_without_hanging(spark, data):
     assert _accuracy(model, data[1]) > 0.8
 
 
+@pytest.mark.slow
 def test_save_load_transform_round_trip(two_worker_model, data, tmp_path):
     path = str(tmp_path / "torch-model")
     two_worker_model.write().save(path)

@@ -147,6 +147,7 @@ def test_tracking_load_model_uses_the_allowlist(spark, tmp_path, marker):
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_pipelines_round_trip_through_both_writers(spark, pipeline, frame, tmp_path):
     expected = _predictions(pipeline, frame)
     save_model(pipeline, str(tmp_path / "ours"), spark=spark)
@@ -202,6 +203,7 @@ def test_a_concurrent_writer_is_refused_not_deleted(spark, pipeline, tmp_path):
     assert {p.name for p in path.glob("v-*")} <= {Path(data_dir(str(path))).name}
 
 
+@pytest.mark.slow
 def test_a_failed_overwrite_keeps_the_old_model_and_leaves_no_version(spark, pipeline,
                                                                       frame, tmp_path):
     path = str(tmp_path / "model")
@@ -219,6 +221,7 @@ def test_a_failed_overwrite_keeps_the_old_model_and_leaves_no_version(spark, pip
     assert _predictions(load_model(path, spark), frame) == _predictions(pipeline, frame)
 
 
+@pytest.mark.slow
 def test_what_a_killed_save_leaves_trips_nothing(spark, pipeline, frame, tmp_path):
     """The state a SIGKILL leaves at any point before the commit: a partial version and a
     temporary metadata file. Loads ignore them; the next save works and sweeps old ones."""
@@ -236,6 +239,7 @@ def test_what_a_killed_save_leaves_trips_nothing(spark, pipeline, frame, tmp_pat
     assert not stale.exists() and young.exists()  # a save still under way is left alone
 
 
+@pytest.mark.slow
 def test_overwrite_replaces_the_version_and_the_layout_before_versions(spark, pipeline,
                                                                         frame, tmp_path):
     path = tmp_path / "model"

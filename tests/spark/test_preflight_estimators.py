@@ -57,6 +57,7 @@ def test_xgboost_is_refused_on_a_secured_cluster_like_torch(secured):
     assert xgb_jobs == [], "XGBoost started Spark jobs before its preflight refused the fit"
 
 
+@pytest.mark.slow
 def test_xgboost_opt_in_passes_the_security_check(secured):
     estimator = XGBoostClassifier(num_workers=1, n_estimators=2, allowUnencrypted=True,
                                   verbose=False)

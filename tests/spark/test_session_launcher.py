@@ -91,6 +91,7 @@ spark.stop()
 """
 
 
+@pytest.mark.slow
 def test_console_progress_bar_is_off_unless_the_launcher_turns_it_on(tmp_path):
     # pyspark's own gateway is a "pyspark-shell", for which spark-submit turns the bar on when
     # nobody chose: that is no choice; a --conf in PYSPARK_SUBMIT_ARGS is, and wins.
