@@ -21,6 +21,7 @@ collected to the driver, the single-machine reference (target: allreduce within 
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable
 
 import numpy as np
@@ -203,6 +204,8 @@ def main() -> None:
     parser.add_argument("--lr-classes", type=int, default=10,
                         help="classes of the multinomial row (<= 2: no multinomial row)")
     args = parser.parse_args()
+    # the JVM heap is fixed when it starts: MLlib on 1M x 50 rows needs more than 1 GiB
+    os.environ.setdefault("PYSPARK_SUBMIT_ARGS", "--driver-memory 6g pyspark-shell")
     spark = start_spark("sparkdist-bench-classical")
     if args.only == "lr":
         write_result("classical_lr", {"logistic_regression_allreduce":

@@ -17,11 +17,12 @@ def _committed(name: str) -> dict:
 
 
 def test_table_markdown_and_chart_from_measured_figures(tmp_path):
-    figures = {"deep": _committed("deep"), "recovery": _committed("recovery")}
+    figures = {"deep": _committed("deep")}
     rows = report.table(figures)
-    assert [row["target"] for row in rows] == [">= 0.8", ">= 1.7", "-", "<= 0.5", "<= 2", "-"]
+    assert [row["target"] for row in rows] == [">= 0.8", "<= 1.2", ">= 1.5", "-", "<= 0.65",
+                                               "<= 0.35", "<= 0.15", "<= 2", "<= 1.0"]
     assert rows[0]["ratio"] == figures["deep"]["feed"]["ratio"]
-    assert rows[-1]["reference"] == figures["recovery"]["interval_s"]
+    assert rows[-1]["reference"] == figures["deep"]["recovery"]["budget_s"]
     text = report.markdown(rows, "a test machine")
     assert text.count("\n| ") == len(rows) + 1 and "a test machine" in text
     report.chart(rows, tmp_path / "chart.png")
