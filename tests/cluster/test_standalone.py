@@ -40,7 +40,7 @@ KILL_AT_EPOCH = 3   # rank 0 has logged this epoch: training is under way
 TRAINING_STARTS_WITHIN_S = 180   # submit -> executors up -> data split -> epoch KILL_AT_EPOCH
 JOB_ENDS_WITHIN_S = 240          # kill -> executor relaunched -> retrained -> saved, tracked
 EPOCH_LINE = re.compile(r'\[sparkdist rank 0\] \{"epoch": (\d+),')
-RESUME_LINE = re.compile(r"\[sparkdist rank 0\] resuming from the checkpoint after epoch (\d+)")
+RESUME_LINE = re.compile(r"\[sparkdist rank 0\] resuming after epoch (\d+), step \d+")
 
 
 @pytest.fixture
