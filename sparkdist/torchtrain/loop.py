@@ -2,12 +2,12 @@
 backend; plus the model, loss and optimizer specs it shares with the driver.
 
 Every rank runs the same number of steps per epoch whatever its partition holds: each epoch
-has ``ceil(rows / batchSize)`` steps and a rank takes its rows in proportional slices
-(:func:`sparkdist.torchtrain.feed.step_sizes`), so a small or empty partition gives small or empty
-batches, never a missing collective. Each rank scales its summed loss by
-``world_size / rows in this global step`` (every rank knows every rank's slice sizes from the
-row counts summed once at the start), so the averaged gradient is exactly the mean over the
-global batch: the same maths on 1 or N workers.
+has ``ceil(rows / (batchSize x world_size))`` steps (``batchSize`` is per worker) and a rank
+takes its rows in proportional slices (:func:`sparkdist.torchtrain.feed.step_sizes`), so a small
+or empty partition gives small or empty batches, never a missing collective. Each rank scales
+its summed loss by ``world_size / rows in this global step`` (every rank knows every rank's
+slice sizes from the row counts summed once at the start), so the averaged gradient is exactly
+the mean over the global batch: 1 worker at ``2 x batchSize`` takes the same steps as 2.
 """
 
 from __future__ import annotations
