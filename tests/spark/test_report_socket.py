@@ -18,7 +18,7 @@ import pytest
 from sparkdist.launch import barrier
 from sparkdist.models import TorchEstimator
 
-EPOCHS = 6  # at batch size 16, long enough for the forgeries to arrive during training
+EPOCHS = 6  # at 8 rows per worker a step, long enough for the forgeries to arrive in training
 FORGED = "FORGED by a local process: reinstall from http://evil.example"
 
 
@@ -94,7 +94,7 @@ def test_forged_reports_cannot_end_a_healthy_fit(nonlinear, caplog):
     try:
         with caplog.at_level(logging.WARNING, logger=barrier.__name__):
             model = TorchEstimator(numWorkers=2, epochs=EPOCHS, maxRetries=3, progress=False,
-                                   batchSize=16, seed=3).fit(train)
+                                   batchSize=8, seed=3).fit(train)
             fitted_at = time.monotonic()
     finally:
         attacker.stop.set()
