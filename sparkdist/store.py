@@ -343,5 +343,10 @@ class Checkpoints:
             return None
         return payload
 
+    def shard_dir(self, step: int, substep: int = 0) -> str:
+        """Where a sharded strategy writes every rank's part of checkpoint ``step`` (after
+        ``substep`` steps of the next epoch); the checkpoint file itself names it."""
+        return f"{self.root}/shards-{step:010d}-{substep:010d}"
+
     def _path(self, step: int) -> str:
         return f"{self.root}/ckpt-{step:010d}"

@@ -22,12 +22,16 @@ from sparkdist.columns import (
 )
 from sparkdist.exceptions import ParamError, SchemaError
 from sparkdist.models._recovery import content_hash
-from sparkdist.torchtrain import datacheck, loop
+from sparkdist.torchtrain import datacheck, loop, strategies
+from sparkdist.torchtrain.strategies import STRATEGIES
 
 if TYPE_CHECKING:
     from sparkdist.models.torch import TorchEstimator
 
 USE_GPU = ("auto", True, False)
+PIPELINE_SCHEDULES = ("gpipe", "1f1b")
+COMPRESSIONS = ("none", "fp16", "bf16", "powersgd")
+QUANTIZATIONS = ("none", "int8")
 NAN_POLICIES = ("error", "drop")
 _INDEX_STRINGS = "index string labels with FeatureAssembler(labelCol=...) or cast to double."
 
@@ -37,10 +41,13 @@ def check_params(est: TorchEstimator) -> None:
     get = est.getOrDefault
     for name, low in (("batchSize", 1), ("epochs", 1), ("numWorkers", 1),
                       ("earlyStoppingPatience", 0), ("numClasses", 0),
-                      ("checkpointEverySteps", 0)):
+                      ("checkpointEverySteps", 0), ("pipelineStages", 0), ("microBatches", 1),
+                      ("syncEvery", 1), ("syncWarmupSteps", 0), ("maxStaleness", 0),
+                      ("powerSgdRank", 1), ("minWorkers", 0)):
         if get(name) < low:
             raise ParamError(f"{name}={get(name)}: use {low} or more.")
-    for name in ("learningRate", "timeoutSeconds", "rendezvousTimeoutSeconds"):
+    for name in ("learningRate", "timeoutSeconds", "rendezvousTimeoutSeconds",
+                 "slotWaitSeconds"):
         if not get(name) > 0:
             raise ParamError(f"{name}={get(name)}: use a positive number.")
     if get("weightDecay") < 0 or not 0 <= get("validationFraction") < 1:
@@ -49,6 +56,13 @@ def check_params(est: TorchEstimator) -> None:
     check_one_of("optimizer", get("optimizer"), loop.OPTIMIZERS)
     check_one_of("nanPolicy", get("nanPolicy"), NAN_POLICIES)
     check_one_of("useGpu", get("useGpu"), USE_GPU)
+    check_one_of("strategy", get("strategy"), STRATEGIES)
+    check_one_of("pipelineSchedule", get("pipelineSchedule"), PIPELINE_SCHEDULES)
+    check_one_of("gradientCompression", get("gradientCompression"), COMPRESSIONS)
+    check_one_of("quantization", get("quantization"), QUANTIZATIONS)
+    if get("minWorkers") > get("numWorkers"):
+        raise ParamError(f"minWorkers={get('minWorkers')} is more than numWorkers="
+                         f"{get('numWorkers')}: use at most numWorkers (0: numWorkers).")
     from sparkdist.torchtrain.backends import BACKENDS, HOROVOD_INSTALL, horovod_available
 
     check_one_of("backend", get("backend"), BACKENDS)
@@ -156,6 +170,7 @@ def check_model(spec: dict[str, Any]) -> None:
                          f"{tuple(output.shape)} for 2 rows, but loss='{spec['loss']}' "
                          f"needs {spec['output_dim']} output(s) per row; set the model's "
                          f"output size (modelKwargs) to {spec['output_dim']}.")
+    strategies.check(spec, module)
 
 
 def scoring_features(schema: StructType, columns: list[str], dim: int) -> Any:

@@ -74,7 +74,10 @@ WEIGHTS_FILE = "weights.pt"
 #: The TorchEstimator Params in the resume fingerprint (with the data identity).
 _TRAJECTORY_PARAMS = ("model", "modelKwargs", "loss", "optimizer", "learningRate",
                       "weightDecay", "batchSize", "epochs", "seed", "numWorkers", "backend",
-                      "validationFraction", "earlyStoppingPatience", "numClasses", "nanPolicy")
+                      "validationFraction", "earlyStoppingPatience", "numClasses", "nanPolicy",
+                      "strategy", "fsdpWrap", "mixedPrecision", "pipelineStages",
+                      "pipelineSplitPoints", "microBatches", "pipelineSchedule", "syncEvery",
+                      "syncWarmupSteps", "maxStaleness", "gradientCompression", "powerSgdRank")
 
 
 def _use_gpu(value: Any) -> Any:
@@ -114,13 +117,17 @@ class _TorchParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasProbability
         Params._dummy(), "useGpu",
         "'auto' (the GPU Spark assigned to the task, when there is one), True or False",
         typeConverter=_use_gpu)
+    quantization: Param[str] = Param(
+        Params._dummy(), "quantization",
+        "scoring: 'none' (float32) or 'int8' (dynamic int8 quantization of the Linear "
+        "layers, CPU)", typeConverter=TypeConverters.toString)
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self._setDefault(featuresCol="features", labelCol="label", predictionCol="prediction",
                          probabilityCol="probability", rawPredictionCol="rawPrediction",
                          model="sparkdist.torchtrain.nets.MLP", modelKwargs={}, loss="bce",
-                         batchSize=256, useGpu="auto")
+                         batchSize=256, useGpu="auto", quantization="none")
 
     def featureSource(self) -> list[str]:
         """The column(s) features come from."""
@@ -225,6 +232,63 @@ class TorchEstimator(Estimator, _TorchParams, HasSeed, HasRecovery, ParamsPersis
         Params._dummy(), "checkpointEverySteps",
         "also checkpoint every this many steps within an epoch (a resume continues at that "
         "step); 0: at epoch ends only", typeConverter=TypeConverters.toInt)
+    strategy: Param[str] = Param(
+        Params._dummy(), "strategy",
+        "how the network is spread over the workers: 'ddp' (a replica each), 'fsdp' "
+        "(parameters, gradients and optimizer state sharded), 'pipeline' (layers split into "
+        "stages) or 'tensor' (Linear layers split)", typeConverter=TypeConverters.toString)
+    fsdpWrap: Param[list[str]] = Param(
+        Params._dummy(), "fsdpWrap",
+        "fsdp: names of the module classes sharded as units of their own (e.g. "
+        "['TransformerBlock']); empty: each top-level child",
+        typeConverter=TypeConverters.toListString)
+    mixedPrecision: Param[bool] = Param(
+        Params._dummy(), "mixedPrecision",
+        "fsdp on GPU executors: compute in bfloat16, keep float32 weights and reduce "
+        "gradients in float32", typeConverter=TypeConverters.toBoolean)
+    pipelineStages: Param[int] = Param(
+        Params._dummy(), "pipelineStages",
+        "pipeline: stages the model's top-level children are split into; numWorkers must "
+        "be a multiple (the rest is data parallel); 0: numWorkers",
+        typeConverter=TypeConverters.toInt)
+    pipelineSplitPoints: Param[list[str]] = Param(
+        Params._dummy(), "pipelineSplitPoints",
+        "pipeline: names of the top-level children that start a new stage (pipelineStages - "
+        "1 of them); empty: split by parameter count", typeConverter=TypeConverters.toListString)
+    microBatches: Param[int] = Param(
+        Params._dummy(), "microBatches",
+        "pipeline: micro-batches each worker's batch is cut into, >= 1",
+        typeConverter=TypeConverters.toInt)
+    pipelineSchedule: Param[str] = Param(
+        Params._dummy(), "pipelineSchedule", "pipeline: 'gpipe' or '1f1b'",
+        typeConverter=TypeConverters.toString)
+    syncEvery: Param[int] = Param(
+        Params._dummy(), "syncEvery",
+        "local SGD: local steps between model averages; 1: every step (DDP)",
+        typeConverter=TypeConverters.toInt)
+    syncWarmupSteps: Param[int] = Param(
+        Params._dummy(), "syncWarmupSteps",
+        "local SGD: fully synchronous steps before local steps start, >= 0",
+        typeConverter=TypeConverters.toInt)
+    maxStaleness: Param[int] = Param(
+        Params._dummy(), "maxStaleness",
+        "bounded staleness: steps a fast worker may run ahead of the slowest before it "
+        "waits; 0: off (synchronous, bitwise reproducible)", typeConverter=TypeConverters.toInt)
+    gradientCompression: Param[str] = Param(
+        Params._dummy(), "gradientCompression",
+        "gradients sent as 'none' (float32), 'fp16', 'bf16' or 'powersgd'",
+        typeConverter=TypeConverters.toString)
+    powerSgdRank: Param[int] = Param(
+        Params._dummy(), "powerSgdRank", "powersgd: the rank of the low-rank approximation",
+        typeConverter=TypeConverters.toInt)
+    minWorkers: Param[int] = Param(
+        Params._dummy(), "minWorkers",
+        "elastic: the fewest workers a retried fit may go on with when executors are gone "
+        "for good; 0: numWorkers (never fewer)", typeConverter=TypeConverters.toInt)
+    slotWaitSeconds: Param[float] = Param(
+        Params._dummy(), "slotWaitSeconds",
+        "elastic: longest wait for minWorkers free task slots before a retry fails, > 0",
+        typeConverter=TypeConverters.toFloat)
     allowUnencrypted: Param[bool] = Param(
         Params._dummy(), "allowUnencrypted",
         "train on a cluster with Spark authentication/encryption on although the gradient "
@@ -247,14 +311,25 @@ class TorchEstimator(Estimator, _TorchParams, HasSeed, HasRecovery, ParamsPersis
                  checkpointEvery: int = 1, checkpointEverySteps: int = 0,
                  keepCheckpoints: int = 3, runId: str | None = None,
                  resume: str = "auto", maxRetries: int = 3,
-                 allowUnencrypted: bool = False) -> None:
+                 allowUnencrypted: bool = False, strategy: str = "ddp",
+                 fsdpWrap: list[str] | None = None, mixedPrecision: bool = False,
+                 pipelineStages: int = 0, pipelineSplitPoints: list[str] | None = None,
+                 microBatches: int = 4, pipelineSchedule: str = "1f1b", syncEvery: int = 1,
+                 syncWarmupSteps: int = 0, maxStaleness: int = 0,
+                 gradientCompression: str = "none", powerSgdRank: int = 2,
+                 minWorkers: int = 0, slotWaitSeconds: float = 300.0,
+                 quantization: str = "none") -> None:
         super().__init__()
         self._setDefault(optimizer="adam", learningRate=1e-3, weightDecay=0.0, epochs=10,
                          numWorkers=1, backend="torch", validationFraction=0.0,
                          earlyStoppingPatience=0, numClasses=0, nanPolicy="error",
                          timeoutSeconds=86400.0, rendezvousTimeoutSeconds=300.0,
                          progress=True, allowUnencrypted=False, checkpointEverySteps=0,
-                         seed=stable_seed(type(self).__name__))
+                         strategy="ddp", fsdpWrap=[], mixedPrecision=False, pipelineStages=0,
+                         pipelineSplitPoints=[], microBatches=4, pipelineSchedule="1f1b",
+                         syncEvery=1, syncWarmupSteps=0, maxStaleness=0,
+                         gradientCompression="none", powerSgdRank=2, minWorkers=0,
+                         slotWaitSeconds=300.0, seed=stable_seed(type(self).__name__))
         self.setParams(**self._input_kwargs)  # type: ignore[attr-defined]
 
     @keyword_only
@@ -272,7 +347,7 @@ class TorchEstimator(Estimator, _TorchParams, HasSeed, HasRecovery, ParamsPersis
         stats = self._read_data(dataset, prepared, identity=checkpoint_dir is not None)
         spec = {**self._spec(stats), **code, "checkpoint_dir": checkpoint_dir,
                 "run_id": run_id}
-        checks.check_model(spec)
+        checks.check_model(spec)  # the strategy's preflight included
         preflight(dataset.sparkSession, spec["num_workers"], use_gpu=spec["use_gpu"],
                   allow_unencrypted=self.getOrDefault("allowUnencrypted"))
         fingerprint = self._fingerprint(dataset, stats) if checkpoint_dir else {}
@@ -329,6 +404,18 @@ class TorchEstimator(Estimator, _TorchParams, HasSeed, HasRecovery, ParamsPersis
                 "checkpoint_every": get("checkpointEvery"),
                 "checkpoint_every_steps": get("checkpointEverySteps"),
                 "keep_checkpoints": get("keepCheckpoints"),
+                "strategy": get("strategy"), "fsdp_wrap": list(get("fsdpWrap")),
+                "mixed_precision": get("mixedPrecision"),
+                "pipeline_stages": get("pipelineStages") or get("numWorkers"),
+                "pipeline_split_points": list(get("pipelineSplitPoints")),
+                "micro_batches": get("microBatches"),
+                "pipeline_schedule": get("pipelineSchedule"), "sync_every": get("syncEvery"),
+                "sync_warmup_steps": get("syncWarmupSteps"),
+                "max_staleness": get("maxStaleness"),
+                "gradient_compression": get("gradientCompression"),
+                "powersgd_rank": get("powerSgdRank"),
+                "min_workers": get("minWorkers") or get("numWorkers"),
+                "slot_wait_s": get("slotWaitSeconds"),
                 "failpoint": failpoints.armed(self)}
 
 class TorchModel(Model, _TorchParams, PersistentModel):

@@ -26,6 +26,7 @@ from sparkdist import failpoints
 from sparkdist.exceptions import ParamError, TrainingError
 from sparkdist.launch import gpus
 from sparkdist.torchtrain import resume
+from sparkdist.torchtrain.strategies import make_strategy
 
 if TYPE_CHECKING:
     import torch
@@ -255,25 +256,22 @@ class _Trainer:
         self.steps = max(1, math.ceil(int(counts[:, 0].sum()) / (args["batch_size"] * world)))
         self.global_sizes: Any = sum(step_sizes(int(n), self.steps) for n in counts[:, 0])
         self.rows = (int(counts[:, 0].sum()), int(counts[:, 1].sum()))
+        self.most_validation_rows = int(counts[:, 1].max())
         torch.manual_seed(args["seed"])  # identical initial weights on every rank
-        module = build_module(args["module"], args["module_kwargs"],
-                              args["input_dim"], args["output_dim"]).to(self.device)
-        resumed = self._resume_state()
-        if resumed:
-            module.load_state_dict(resumed["model"])
-        model = self.clock.watch(self.backend.wrap_model(module, self.device))
-        optimizer = self.backend.wrap_optimizer(
-            make_optimizer(args["optimizer"], module.parameters(), args["learning_rate"],
-                           args["weight_decay"]), module)
-        if resumed:
-            optimizer.load_state_dict(resumed["optimizer"])
+        strategy = make_strategy(self.context, self.backend, self.device, args, self.clock)
+        strategy.setup(build_module(args["module"], args["module_kwargs"],
+                                    args["input_dim"], args["output_dim"]))
+        optimizer = strategy.optimizer()
+        resumed = self._resume_state(strategy, optimizer)
         started = time.perf_counter()
-        history, best = self._epochs(module, model, optimizer, train, validation, world,
+        history, best = self._epochs(strategy, optimizer, train, validation, world,
                                      resumed or {})
         ranks = self._all_ranks(time.perf_counter() - started)
+        final = None if best else strategy.full_state()
         if self.context.rank != 0:
             return None
-        state = best["state"] if best else module.state_dict()
+        state = best["state"] if best else final
+        assert state is not None  # rank 0 holds the whole state
         return pack_result(state, {"history": history, "best_epoch": best and best["epoch"],
                                    "rows": self.rows[0], "validation_rows": self.rows[1],
                                    "steps_per_epoch": self.steps, "world_size": world,
@@ -281,11 +279,12 @@ class _Trainer:
                                    "global_batch_size": args["batch_size"] * world,
                                    "spill_seconds": args["spill_seconds"],
                                    "placement": self.context.placement, "ranks": ranks,
+                                   "strategy": strategy.name,
                                    "resumed_from_epoch": resumed and resumed["epoch"],
                                    "resumed_from_step": resumed and resumed.get("step", 0)})
 
-    def _resume_state(self) -> dict[str, Any] | None:
-        """The latest intact checkpoint of this run, the same one on every rank: rank 0
+    def _resume_state(self, strategy: Any, optimizer: Any) -> dict[str, Any] | None:
+        """Load the latest intact checkpoint of this run, the same one on every rank: rank 0
         picks it and the others learn its number by one all-reduce."""
         import torch
 
@@ -304,29 +303,33 @@ class _Trainer:
             raise TrainingError(f"rank {self.context.rank} cannot read checkpoint {number} "
                                 f"in {store.root} that rank 0 read.")
         state = resume.decode(payload, self.args, f"{store.root} (checkpoint {number})")
+        strategy.load_training_state(state["training_state"], optimizer)
         self.context.log(f"resuming after epoch {state['epoch']}, step {state['step']}")
         return state
 
-    def _checkpoint(self, epoch: int, step: int, module: Any, optimizer: Any,
+    def _checkpoint(self, epoch: int, step: int, strategy: Any, optimizer: Any,
                     history: list[dict], best: dict | None, stopped: bool = False,
                     partial_loss: float = 0.0) -> None:
-        """Rank 0 saves the state after ``epoch`` epochs and ``step`` steps of the next one,
-        numbered by the epochs completed: a mid-epoch checkpoint replaces the one of the
-        epoch it started from."""
+        """The state after ``epoch`` epochs and ``step`` steps of the next one, numbered by
+        the epochs completed (a mid-epoch checkpoint replaces the one of the epoch it started
+        from): every rank hands the strategy its part, rank 0 commits the checkpoint."""
         from sparkdist.store import Checkpoints
 
         args = self.args
-        if self.context.rank != 0 or not args.get("checkpoint_dir"):
+        if not args.get("checkpoint_dir"):
             return
-        payload = resume.encode(epoch, step, module, optimizer, history, best, stopped,
-                                partial_loss, args)
-        Checkpoints(args["checkpoint_dir"], args["keep_checkpoints"]).save(epoch, payload)
+        store = Checkpoints(args["checkpoint_dir"], args["keep_checkpoints"])
+        saved = strategy.save_training_state(optimizer, store.shard_dir(epoch, step))
+        if self.context.rank != 0:
+            return
+        payload = resume.encode(epoch, step, saved, history, best, stopped, partial_loss, args)
+        store.save(epoch, payload)
 
     def _epoch_checkpoint_due(self, epoch: int, stopped: bool) -> bool:
         every = self.args["checkpoint_every"]
         return stopped or epoch % every == 0 or epoch == self.args["epochs"]
 
-    def _epochs(self, module: Any, model: Any, optimizer: Any, train: SpilledRows,
+    def _epochs(self, strategy: Any, optimizer: Any, train: SpilledRows,
                 validation: SpilledRows, world: int,
                 resumed: dict[str, Any]) -> tuple[list[dict], dict | None]:
         args = self.args
@@ -336,30 +339,30 @@ class _Trainer:
         first_step, partial_loss = resumed.get("step", 0), resumed.get("partial_loss", 0.0)
         for epoch in range(resumed.get("epoch", 0), args["epochs"]):
             started = time.perf_counter()
-            loss = self._train_epoch(module, model, optimizer, train, epoch, world, history,
+            loss = self._train_epoch(strategy, optimizer, train, epoch, world, history,
                                      best, first_step, partial_loss)
             first_step, partial_loss = 0, 0.0
             record = {"epoch": epoch + 1, "epochs": args["epochs"], "loss": loss,
                       "seconds": time.perf_counter() - started}
             if self.rows[1]:
-                record.update(self._validate(module, validation))
+                record.update(self._validate(strategy, validation))
             history.append(record)
             self.context.report(record)
             self.context.log(json.dumps(record))
             if self.rows[1] and (best is None or record["val_loss"] < best["loss"]):
                 best = {"epoch": epoch + 1, "loss": record["val_loss"],
-                        "state": {k: v.detach().clone() for k, v in module.state_dict().items()}}
+                        "state": strategy.full_state()}  # on rank 0
             patience = args["patience"]
             stopped = bool(best and patience and epoch + 1 - best["epoch"] >= patience)
             if self._epoch_checkpoint_due(epoch + 1, stopped):
-                self._checkpoint(epoch + 1, 0, module, optimizer, history, best, stopped)
+                self._checkpoint(epoch + 1, 0, strategy, optimizer, history, best, stopped)
             if stopped and best:
                 self.context.log(f"early stop after epoch {epoch + 1}: no better val_loss "
                                  f"for {patience} epochs (best epoch {best['epoch']})")
                 break
         return history, best
 
-    def _train_epoch(self, module: Any, model: Any, optimizer: Any, train: SpilledRows,
+    def _train_epoch(self, strategy: Any, optimizer: Any, train: SpilledRows,
                      epoch: int, world: int, history: list[dict], best: dict | None,
                      first_step: int, partial_loss: float) -> float:
         """One epoch from step ``first_step`` (a mid-epoch resume); the mean training loss.
@@ -371,7 +374,7 @@ class _Trainer:
 
         import torch
 
-        model.train()
+        strategy.model.train()
         args, clock = self.args, self.clock
         every = args.get("checkpoint_every_steps", 0)
         total = torch.zeros(1, dtype=torch.float64, device=self.device)
@@ -385,34 +388,34 @@ class _Trainer:
             failpoints.hit(args["failpoint"], "torch.step", self.context.rank, epoch + 1, step)
             if self.global_sizes[step]:  # every rank skips the same empty step: none waits
                 torch.manual_seed(resume.step_seed(args["seed"], epoch, step, self.context.rank))
-                output = model(features.to(self.device, non_blocking=True))
-                loss = loss_sum(self.loss_fn, output, label.to(self.device, non_blocking=True))
-                optimizer.zero_grad()
-                (loss * (world / float(self.global_sizes[step]))).backward()
-                clock.backward_done()
-                optimizer.step()
-                total += loss.detach()
+                total += strategy.train_step(features.to(self.device, non_blocking=True),
+                                             label.to(self.device, non_blocking=True),
+                                             world / float(self.global_sizes[step]), optimizer)
                 clock.tock("compute")
             if every and (step + 1) % every == 0 and step + 1 < self.steps:
                 done = float(self.backend.all_reduce_sum(total.cpu().clone())[0])
-                self._checkpoint(epoch, step + 1, module, optimizer, history, best,
+                self._checkpoint(epoch, step + 1, strategy, optimizer, history, best,
                                  partial_loss=done)
                 clock.tock("other")
         return float(self.backend.all_reduce_sum(total.cpu())[0]) / max(1, self.rows[0])
 
-    def _validate(self, module: Any, validation: SpilledRows) -> dict[str, float]:
-        """Validation on the unwrapped module (DDP's forward would sync buffers per call, and
-        ranks hold different numbers of validation rows)."""
+    def _validate(self, strategy: Any, validation: SpilledRows) -> dict[str, float]:
+        """Validation outside the training wrapper (DDP's forward would sync buffers per
+        call). Every rank runs as many batches as the rank with the most validation rows
+        (smaller or empty ones where it has fewer), so a strategy whose forward is collective
+        never waits on a missing call."""
         import torch
 
-        module.eval()
+        strategy.module.eval()
         sums = torch.zeros(2, dtype=torch.float64, device=self.device)
-        steps = max(1, math.ceil(validation.num_rows / self.args["batch_size"]))
+        steps = max(1, math.ceil(self.most_validation_rows / self.args["batch_size"]))
         classification = task_of_loss(self.loss) == "classification"
         with torch.no_grad():
             for features, label in validation.batches(0, 0, steps, shuffle=False,
                                                       dim=self.args["input_dim"]):
-                output = module(features.to(self.device))
+                output = strategy.predict(features.to(self.device))
+                if output is None:
+                    continue
                 label = label.to(self.device)
                 sums[0] += loss_sum(self.loss_fn, output, label)
                 if classification:

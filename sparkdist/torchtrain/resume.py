@@ -13,12 +13,9 @@ ends with the same weights.
 from __future__ import annotations
 
 import io
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sparkdist.exceptions import TrainingError
-
-if TYPE_CHECKING:
-    import torch
 
 #: The spec entries a checkpoint must agree on to be resumed from: a backstop inside the task.
 #: The driver compares the whole fingerprint (settings and data, ``run.json``) before launch
@@ -37,16 +34,16 @@ def fingerprint(args: dict[str, Any]) -> dict[str, Any]:
     return {key: args[key] for key in FINGERPRINT_KEYS}
 
 
-def encode(epoch: int, step: int, module: torch.nn.Module, optimizer: Any,
-           history: list[dict], best: dict | None, stopped: bool, partial_loss: float,
-           args: dict[str, Any]) -> bytes:
+def encode(epoch: int, step: int, training_state: dict[str, Any], history: list[dict],
+           best: dict | None, stopped: bool, partial_loss: float, args: dict[str, Any]) -> bytes:
     """The state after ``epoch`` epochs and ``step`` steps of the next (whose summed loss
-    over all ranks is ``partial_loss``), as bytes ``torch.load(weights_only=True)`` reads."""
+    over all ranks is ``partial_loss``), as bytes ``torch.load(weights_only=True)`` reads.
+    ``training_state`` is the strategy's model and optimizer state (or where its shards are:
+    :meth:`sparkdist.torchtrain.strategies.Strategy.save_training_state`)."""
     import torch
 
     state = {"epoch": epoch, "step": step, "partial_loss": partial_loss,
-             "model": _cpu(module.state_dict()),
-             "optimizer": optimizer.state_dict(), "history": history,
+             "training_state": training_state, "history": history,
              "best": best and {**best, "state": _cpu(best["state"])}, "stopped": stopped,
              "fingerprint": fingerprint(args)}
     buffer = io.BytesIO()
@@ -63,6 +60,9 @@ def decode(payload: bytes, args: dict[str, Any], where: str) -> dict[str, Any]:
         raise TrainingError(f"the checkpoint {where} was written by a different fit "
                             f"({state['fingerprint']}, this fit: {fingerprint(args)}); use "
                             f"a new runId or another checkpointDir.")
+    if "training_state" not in state:  # written before strategies: whole-model state dicts
+        state["training_state"] = {"model": state.pop("model"),
+                                   "optimizer": state.pop("optimizer")}
     return {"step": 0, "partial_loss": 0.0, **state}
 
 
