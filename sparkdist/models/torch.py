@@ -451,11 +451,14 @@ class TorchModel(Model, _TorchParams, PersistentModel):
         id and host: ``[{"rank": 0, "executor_id": "1", "host": ...}]``) and ranks: each
         rank's training seconds split into waiting for data, computing, waiting on the
         gradient all-reduce beyond what overlaps computation, and the rest (validation,
-        checkpoints), and its peak memory: ``[{"rank": 0, "data_s": ..., "compute_s": ...,
-        "communication_s": ..., "other_s": ..., "peak_rss_mb": ...}]``."""
+        checkpoints), its peak memory, the MiB it holds of parameters, gradients and
+        optimizer state (its shards under fsdp/tensor, its stage under pipeline) and the MiB
+        it sent over TCP while training: ``[{"rank": 0, "data_s": ..., "compute_s": ...,
+        "communication_s": ..., "other_s": ..., "peak_rss_mb": ..., "state_mb": ...,
+        "sent_mb": ...}]``; strategy: the strategy it trained with."""
         keys = ("rows", "validation_rows", "steps_per_epoch", "world_size", "batch_size",
                 "global_batch_size", "best_epoch", "spill_seconds", "run_id",
-                "resumed_from_epoch", "resumed_from_step", "placement", "ranks")
+                "resumed_from_epoch", "resumed_from_step", "placement", "ranks", "strategy")
         return {key: self._info.get(key) for key in keys}
 
     @property

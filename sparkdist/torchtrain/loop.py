@@ -263,10 +263,11 @@ class _Trainer:
                                     args["input_dim"], args["output_dim"]))
         optimizer = strategy.optimizer()
         resumed = self._resume_state(strategy, optimizer)
-        started = time.perf_counter()
+        started, sent = time.perf_counter(), tcp_bytes_sent()
         history, best = self._epochs(strategy, optimizer, train, validation, world,
                                      resumed or {})
-        ranks = self._all_ranks(time.perf_counter() - started)
+        ranks = self._all_ranks(time.perf_counter() - started, strategy.state_bytes(optimizer),
+                                tcp_bytes_sent() - sent)
         final = None if best else strategy.full_state()
         if self.context.rank != 0:
             return None
@@ -426,10 +427,14 @@ class _Trainer:
             metrics["val_accuracy"] = float(sums[1]) / self.rows[1]
         return metrics
 
-    def _all_ranks(self, train_seconds: float) -> list[dict[str, Any]]:
-        """Every rank's time split and peak memory (one all-reduce, after the last epoch)."""
-        fields = StepClock.FIELDS + ("peak_rss_mb",)
-        rows = self._gather([*self.clock.split(train_seconds), peak_rss_mb()])
+    def _all_ranks(self, train_seconds: float, state_bytes: int,
+                   sent_bytes: int) -> list[dict[str, Any]]:
+        """Every rank's time split, peak memory, the bytes it holds of parameters, gradients
+        and optimizer state, and the bytes it sent while training (one all-reduce, after the
+        last epoch)."""
+        fields = StepClock.FIELDS + ("peak_rss_mb", "state_mb", "sent_mb")
+        rows = self._gather([*self.clock.split(train_seconds), peak_rss_mb(),
+                             state_bytes / 2**20, sent_bytes / 2**20])
         return [{"rank": rank, **{name: round(float(value), 3)
                                   for name, value in zip(fields, row)}}
                 for rank, row in enumerate(rows)]
@@ -516,6 +521,35 @@ def peak_rss_mb() -> float:
     except OSError:
         pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def tcp_bytes_sent() -> int:
+    """Bytes this process has sent on its open TCP sockets (the kernel's ``tcpi_bytes_acked``
+    of each, Linux; 0 elsewhere): what gloo, NCCL's socket transport or Horovod sent,
+    whatever the strategy, measured where it leaves the process. Sockets closed in between
+    are not counted."""
+    import os
+    import socket
+    import struct
+
+    total = 0
+    try:
+        fds = os.listdir("/proc/self/fd")
+    except OSError:
+        return 0
+    for name in fds:
+        with contextlib.suppress(OSError, ValueError):
+            if not os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
+                continue
+            sock = socket.socket(fileno=os.dup(int(name)))
+            try:
+                if sock.type == socket.SOCK_STREAM and sock.family in (socket.AF_INET,
+                                                                        socket.AF_INET6):
+                    info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 136)
+                    total += struct.unpack_from("Q", info, 120)[0]  # tcpi_bytes_acked
+            finally:
+                sock.close()  # the duplicate only
+    return total
 
 
 def reset_peak_rss() -> None:

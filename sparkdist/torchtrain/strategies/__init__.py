@@ -106,6 +106,16 @@ class Strategy:
             return None
         return {"model": self.full_state(), "optimizer": optimizer.state_dict()}
 
+    def state_bytes(self, optimizer: Any) -> int:
+        """Bytes this rank holds of parameters, gradients and optimizer state (its shards
+        only, for a sharded or split model): the memory a strategy divides."""
+        tensors = [*self.module.parameters(),
+                   *(p.grad for p in self.module.parameters() if p.grad is not None),
+                   *(value for state in optimizer.state.values() for value in state.values()
+                     if hasattr(value, "element_size"))]
+        local = (t.to_local() if hasattr(t, "to_local") else t for t in tensors)
+        return sum(t.numel() * t.element_size() for t in local)
+
     def load_training_state(self, saved: dict[str, Any], optimizer: Any) -> None:
         """Restore what :meth:`save_training_state` returned (read back by every rank)."""
         self.module.load_state_dict(saved["model"])
