@@ -83,6 +83,15 @@ def test_each_rank_reports_where_its_time_went(two_worker_model):
     for rank in ranks:
         assert rank["compute_s"] > 0 and rank["data_s"] > 0 and rank["peak_rss_mb"] > 50
         assert rank["communication_s"] >= 0 and rank["other_s"] >= 0
+    # every rank holds a whole replica (its weights, gradients and Adam's two moments: 4x the
+    # parameters' bytes) and sends at least its gradients every step
+    module = two_worker_model.module()
+    param_mb = sum(p.numel() * p.element_size() for p in module.parameters()) / 2**20
+    steps = two_worker_model.trainingSummary["steps_per_epoch"] * len(two_worker_model.history)
+    for rank in ranks:
+        assert rank["state_mb"] == pytest.approx(4 * param_mb, rel=1e-3, abs=1e-3)
+        assert rank["sent_mb"] >= steps * param_mb * 0.9
+    assert two_worker_model.trainingSummary["strategy"] == "ddp"
 
 
 @pytest.mark.slow
