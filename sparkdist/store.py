@@ -290,14 +290,22 @@ class Checkpoints:
     A checkpoint is written whole or not at all (:func:`write_bytes`) and carries its length
     and SHA-256: a write cut short by a kill is never picked up, and a damaged file is skipped
     with a warning in favour of the one before it.
+
+    A sharded strategy writes every rank's part of checkpoint ``N`` into a directory
+    (:meth:`shard_dir`) before rank 0 commits ``ckpt-N`` naming it. :meth:`save` then keeps
+    only the shard directories that kept checkpoints may name: a directory of a dropped
+    checkpoint goes, and so do the other directories of number ``N`` (the one ``ckpt-N``
+    named before, and any a killed save left uncommitted).
     """
 
     MAGIC = b"sparkdist-ckpt-1\n"
     _NAME = re.compile(r"ckpt-(\d{10})$")
+    _SHARDS = re.compile(r"shards-(\d{10})-(\d{10})$")
 
     def __init__(self, root: str, keep: int = 3) -> None:
         self.root, self.keep = root.rstrip("/"), max(1, keep)
         self.location = locate(self.root, "checkpointDir")
+        self._pending: str | None = None  # the shard directory the next save() commits
 
     def check_writable(self, param: str = "checkpointDir") -> None:
         """Write, read and delete a probe file, or raise ParamError."""
@@ -316,12 +324,29 @@ class Checkpoints:
         return sorted(int(match.group(1)) for match in found if match)
 
     def save(self, step: int, payload: bytes) -> None:
-        """Write checkpoint ``step`` whole, then drop all but the newest ``keep``."""
+        """Write checkpoint ``step`` whole, then drop all but the newest ``keep`` and the
+        shard directories no kept checkpoint names."""
         body = (self.MAGIC + len(payload).to_bytes(8, "big")
                 + hashlib.sha256(payload).digest() + payload)
         write_bytes(self._path(step), body)
         for old in self.steps()[:-self.keep]:
             remove(self._path(old))
+        self._prune_shards(step)
+
+    def _prune_shards(self, step: int) -> None:
+        """Remove shard directories of checkpoints no longer kept, and those of ``step``
+        other than the one just committed (when this object handed it out). A directory of
+        another kept number that a killed save left stays until that number is dropped."""
+        committed = self._pending
+        self._pending = None
+        kept = set(self.steps())
+        for name in listdir(self.root):
+            match = self._SHARDS.match(name)
+            if match is None:
+                continue
+            number, path = int(match.group(1)), f"{self.root}/{name}"
+            if number not in kept or (number == step and committed not in (None, path)):
+                remove(path)
 
     def latest(self) -> tuple[int, bytes] | None:
         """The newest checkpoint that reads back whole, or None; damaged ones are skipped."""
@@ -345,8 +370,10 @@ class Checkpoints:
 
     def shard_dir(self, step: int, substep: int = 0) -> str:
         """Where a sharded strategy writes every rank's part of checkpoint ``step`` (after
-        ``substep`` steps of the next epoch); the checkpoint file itself names it."""
-        return f"{self.root}/shards-{step:010d}-{substep:010d}"
+        ``substep`` steps of the next epoch); the checkpoint file itself names it, and the
+        next :meth:`save` of this object commits it."""
+        self._pending = f"{self.root}/shards-{step:010d}-{substep:010d}"
+        return self._pending
 
     def _path(self, step: int) -> str:
         return f"{self.root}/ckpt-{step:010d}"
