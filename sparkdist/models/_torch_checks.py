@@ -22,7 +22,7 @@ from sparkdist.columns import (
 )
 from sparkdist.exceptions import ParamError, SchemaError
 from sparkdist.models._recovery import content_hash
-from sparkdist.torchtrain import datacheck, loop, strategies
+from sparkdist.torchtrain import compression, datacheck, loop, strategies
 from sparkdist.torchtrain.strategies import STRATEGIES
 
 if TYPE_CHECKING:
@@ -66,6 +66,7 @@ def check_params(est: TorchEstimator) -> None:
     from sparkdist.torchtrain.backends import BACKENDS, HOROVOD_INSTALL, horovod_available
 
     check_one_of("backend", get("backend"), BACKENDS)
+    compression.check_combination(get)
     if get("backend") == "horovod" and not horovod_available():
         raise ParamError(f"backend='horovod': {HOROVOD_INSTALL}")
     if get("earlyStoppingPatience") and not has_validation(est):

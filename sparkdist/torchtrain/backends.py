@@ -86,8 +86,15 @@ class TorchBackend:
         ids = [device.index] if device.type == "cuda" else None
         return DistributedDataParallel(model, device_ids=ids)
 
-    def wrap_optimizer(self, optimizer: Any, model: torch.nn.Module) -> Any:
-        return optimizer  # DDP averages gradients during backward
+    def wrap_optimizer(self, optimizer: Any, model: torch.nn.Module,
+                       compression: str = "none") -> Any:
+        """DDP averages gradients during backward (compressed by its communication hook:
+        :mod:`sparkdist.torchtrain.compression`)."""
+        return optimizer
+
+    def store(self) -> Any:
+        """The process group's key-value store (rank 0's ``TCPStore``)."""
+        return self._store
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         import torch.distributed as dist
@@ -149,14 +156,26 @@ class HorovodBackend:
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         return model
 
-    def wrap_optimizer(self, optimizer: Any, model: torch.nn.Module) -> Any:
-        """Gradients are averaged across ranks in ``step()``. No
+    def wrap_optimizer(self, optimizer: Any, model: torch.nn.Module,
+                       compression: str = "none") -> Any:
+        """Gradients are averaged across ranks in ``step()``, sent as float16 with
+        ``compression="fp16"`` (``hvd.Compression.fp16``; Horovod has no bf16 or PowerSGD,
+        which TorchEstimator refuses before launch). No
         ``hvd.broadcast_optimizer_state``: every rank builds the same fresh optimizer (or loads
         the same checkpoint), and that call would take a zero-gradient step first (Adam's step
         count, AdamW's weight decay), so the run would differ from the torch backend."""
         import horovod.torch as hvd
 
-        return hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+        if compression not in ("none", "fp16"):
+            raise ParamError(f"gradientCompression={compression!r} has no Horovod equivalent: "
+                             "use 'fp16' or 'none', or backend='torch'.")
+        codec = hvd.Compression.fp16 if compression == "fp16" else hvd.Compression.none
+        return hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                        compression=codec)
+
+    def store(self) -> Any:
+        raise ParamError("maxStaleness needs backend='torch' (Horovod has no process-group "
+                         "store): set maxStaleness=0 or backend='torch'.")
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         import horovod.torch as hvd

@@ -1,0 +1,104 @@
+"""``gradientCompression``: how DDP's gradient all-reduce packs the gradients, as a DDP
+communication hook (torch.distributed.algorithms.ddp_comm_hooks), on gloo and NCCL alike.
+
+- ``none``: float32, DDP's default all-reduce (mean over ranks).
+- ``fp16`` / ``bf16``: each bucket cast to half precision, summed, cast back (half the bytes;
+  fp16 keeps more mantissa, bf16 more range).
+- ``powersgd``: each gradient matrix sent as a rank-``powerSgdRank`` approximation P Q^T with
+  error feedback (Vogels et al. 2019); vectors (biases) and matrices too small to gain go
+  uncompressed. The first ``max(2, syncWarmupSteps)`` steps are plain all-reduces (PowerSGD's
+  ``start_powerSGD_iter``; 2 is the least DDP allows with error feedback).
+
+Every hook counts the bytes it hands to ``all_reduce`` (this rank's payload; a ring all-reduce
+moves about twice that over the wire) into the :class:`~sparkdist.torchtrain.loop.StepClock`,
+which reports them per rank in ``trainingSummary["ranks"]``.
+
+PowerSGD keeps state per rank (the error of its own compression, warm-start matrices). A
+checkpoint starts it afresh on every rank (:meth:`GradientHook.restart`, seeded by the step
+count, which the checkpoint keeps), in an uninterrupted fit as in a resumed one, so a resumed
+fit ends with the same weights as an uninterrupted fit with the same checkpoint settings.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+COMPRESSIONS = ("none", "fp16", "bf16", "powersgd")
+
+
+class GradientHook:
+    """One DDP model's gradient all-reduce: the chosen compression, with byte counting."""
+
+    def __init__(self, kind: str, clock: Any, powersgd_rank: int = 2,
+                 warmup_steps: int = 0) -> None:
+        self.kind, self.clock = kind, clock
+        self.powersgd_rank = powersgd_rank
+        self.start_iter = max(2, warmup_steps)
+        self.powersgd: Any = self._powersgd_state(0) if kind == "powersgd" else None
+
+    def _powersgd_state(self, iteration: int) -> Any:
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+
+        state = powerSGD_hook.PowerSGDState(
+            process_group=None, matrix_approximation_rank=self.powersgd_rank,
+            start_powerSGD_iter=self.start_iter, random_seed=iteration % 2**31,
+            compression_stats_logging_frequency=2**31)
+        state.iter = iteration
+        return state
+
+    @property
+    def iteration(self) -> int:
+        """Steps PowerSGD has seen (0 for the stateless hooks)."""
+        return int(self.powersgd.iter) if self.powersgd is not None else 0
+
+    def restart(self, iteration: int) -> None:
+        """Drop PowerSGD's per-rank memory (at a checkpoint, on every rank): afterwards the
+        state depends on ``iteration`` alone, which the checkpoint keeps."""
+        if self.powersgd is not None:
+            self.powersgd = self._powersgd_state(iteration)
+
+    def __call__(self, bucket: Any) -> Any:
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+        buffer = bucket.buffer()
+        if self.kind == "fp16":
+            self.clock.sent(buffer.numel() * 2)
+            return default_hooks.fp16_compress_hook(None, bucket)  # type: ignore[arg-type]
+        if self.kind == "bf16":
+            self.clock.sent(buffer.numel() * 2)
+            return default_hooks.bf16_compress_hook(None, bucket)  # type: ignore[arg-type]
+        if self.kind == "powersgd":
+            state = self.powersgd
+            before = state.total_numel_after_compression
+            plain = state.iter < state.start_powerSGD_iter
+            future = powerSGD_hook.powerSGD_hook(state, bucket)
+            sent = buffer.numel() if plain else state.total_numel_after_compression - before
+            self.clock.sent(sent * buffer.element_size())
+            return future
+        self.clock.sent(buffer.numel() * buffer.element_size())
+        return default_hooks.allreduce_hook(None, bucket)  # type: ignore[arg-type]
+
+
+def check_combination(get: Any) -> None:
+    """ParamError for a communication setting that cannot work with the others (``get``:
+    the estimator's ``getOrDefault``): they need strategy='ddp'; Horovod has fp16 only."""
+    from sparkdist.exceptions import ParamError
+
+    asked = [f"{name}={get(name)!r}" for name, off in (
+        ("gradientCompression", "none"), ("syncEvery", 1), ("maxStaleness", 0))
+        if get(name) != off]
+    if asked and get("strategy") != "ddp":
+        raise ParamError(f"{', '.join(asked)} need(s) strategy='ddp' (a whole replica per "
+                         f"worker), not strategy={get('strategy')!r}: use strategy='ddp' or "
+                         "leave gradientCompression='none', syncEvery=1, maxStaleness=0.")
+    if get("backend") != "horovod":
+        return
+    if get("gradientCompression") not in ("none", "fp16"):
+        raise ParamError(f"gradientCompression={get('gradientCompression')!r} has no Horovod "
+                         "equivalent: use 'fp16' (hvd.Compression.fp16) or 'none', or "
+                         "backend='torch'.")
+    for name, off in (("syncEvery", 1), ("maxStaleness", 0)):
+        if get(name) != off:
+            raise ParamError(f"{name}={get(name)} needs backend='torch' (local steps and "
+                             f"model averaging are not built for Horovod): set {name}={off} "
+                             "or backend='torch'.")
