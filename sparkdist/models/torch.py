@@ -67,7 +67,7 @@ from sparkdist.models import _torch_checks as checks
 from sparkdist.models._classification import stable_seed
 from sparkdist.models._recovery import HasRecovery, data_identity
 from sparkdist.persist import ParamsPersistence, PersistentModel
-from sparkdist.torchtrain import inference, launch, loop
+from sparkdist.torchtrain import inference, launch, loop, straggle
 
 _LOG = logging.getLogger(__name__)
 WEIGHTS_FILE = "weights.pt"
@@ -416,7 +416,7 @@ class TorchEstimator(Estimator, _TorchParams, HasSeed, HasRecovery, ParamsPersis
                 "powersgd_rank": get("powerSgdRank"),
                 "min_workers": get("minWorkers") or get("numWorkers"),
                 "slot_wait_s": get("slotWaitSeconds"),
-                "failpoint": failpoints.armed(self)}
+                "failpoint": failpoints.armed(self), "straggle": straggle.armed(self)}
 
 class TorchModel(Model, _TorchParams, PersistentModel):
     """A trained network; ``transform`` adds predictions computed on the executors.
