@@ -455,10 +455,13 @@ class TorchModel(Model, _TorchParams, PersistentModel):
         optimizer state (its shards under fsdp/tensor, its stage under pipeline) and the MiB
         it sent over TCP while training: ``[{"rank": 0, "data_s": ..., "compute_s": ...,
         "communication_s": ..., "other_s": ..., "peak_rss_mb": ..., "state_mb": ...,
-        "sent_mb": ...}]``; strategy: the strategy it trained with."""
+        "sent_mb": ...}]``; strategy: the strategy it trained with; worker_counts: the world
+        size of each training attempt, e.g. ``[3, 2]`` where an elastic fit (minWorkers) went
+        on with 2 workers after losing one."""
         keys = ("rows", "validation_rows", "steps_per_epoch", "world_size", "batch_size",
                 "global_batch_size", "best_epoch", "spill_seconds", "run_id",
-                "resumed_from_epoch", "resumed_from_step", "placement", "ranks", "strategy")
+                "resumed_from_epoch", "resumed_from_step", "placement", "ranks", "strategy",
+                "worker_counts")
         return {key: self._info.get(key) for key in keys}
 
     @property
