@@ -1,16 +1,437 @@
-"""``strategy="pipeline"``: not built yet."""
+"""``strategy="pipeline"``: the model's top-level children split into ``pipelineStages``
+stages (:mod:`.pipeline_split`), run with ``torch.distributed.pipelining`` (GPipe or 1F1B
+over ``microBatches`` micro-batches), combined with data parallelism when numWorkers is a
+multiple of the stages.
+
+Layout: rank ``r`` runs stage ``r % stages`` of replica ``r // stages``; the stages of a
+replica are consecutive ranks (one pipeline group each), and the ranks of one stage in every
+replica average their gradients over a data-parallel group of their own.
+
+Data: every rank still reads its own partition's rows (the loop's feed), so that every row
+trains. Each step the ranks of a replica gather their features on its first stage and their
+labels on its last (``dist.gather``, padded to the largest part): the replica trains on the
+rows of all its ranks, in rank order. Every rank learns every rank's batch size first (one
+all-reduce), so all of them take the same decisions and none waits on a missing call, however
+uneven or empty the batches are.
+
+Shapes: a pipeline stage receives into buffers of a fixed shape, so a replica's rows go
+through the pipeline in rounds of a fixed ``rows_per_round`` (``stages x (batchSize + 1)``
+rounded up to a multiple of ``microBatches``): a round's rows are padded with zero-weight
+rows (their loss is left out, so they add nothing to any gradient), and a replica with more
+rows than that (uneven partitions) runs more rounds, accumulating the gradients; every replica
+runs as many rounds as the one with the most rows. Padded rows do pass through the layers: a
+BatchNorm in training mode would count them in its statistics.
+
+Loss semantics: the last stage sums the loss over a round's real rows; after the rounds each
+stage scales its gradients by ``1 / rows in this global step`` and sums them over its replicas,
+so the gradient is exactly the mean over the global batch, as under ``ddp``.
+
+Results: ``full_state`` and checkpoints gather the stages of replica 0 on rank 0 and merge
+them by parameter name (the stages keep the model's names), so ``TorchModel`` holds the whole
+model, and a checkpoint (model and optimizer state keyed by parameter name) loads into another
+split, another number of stages, or ``ddp``'s whole-model layout and back.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import io
+import math
+from typing import TYPE_CHECKING, Any
 
-from sparkdist.exceptions import ParamError
+from sparkdist.exceptions import ParamError, TrainingError
 from sparkdist.torchtrain import strategies
 
+if TYPE_CHECKING:
+    import torch
 
-def check(spec: dict[str, Any], module: Any) -> None:
-    raise ParamError("strategy='pipeline' is not available yet; use strategy='ddp'.")
+#: The ``format`` of the training state this strategy writes into checkpoints.
+FORMAT = "pipeline-by-name"
+
+
+def check(spec: dict[str, Any], module: torch.nn.Module) -> None:
+    """Driver preflight: ParamError naming the Param and the fix."""
+    from sparkdist.torchtrain.strategies import pipeline_split
+
+    stages, workers = spec["pipeline_stages"], spec["num_workers"]
+    if spec.get("backend") == "horovod":
+        raise ParamError("strategy='pipeline' runs on torch.distributed (its pipelining "
+                         "module), not Horovod: set backend='torch'.")
+    if workers % stages:
+        raise ParamError(f"numWorkers={workers} is not a multiple of pipelineStages={stages}: "
+                         f"every stage needs the same number of workers (data-parallel "
+                         f"replicas); set numWorkers to a multiple of {stages}, or "
+                         f"pipelineStages to a divisor of {workers}.")
+    if spec["pipeline_schedule"] == "1f1b" and spec["micro_batches"] < stages:
+        raise ParamError(f"pipelineSchedule='1f1b' needs microBatches >= pipelineStages; got "
+                         f"microBatches={spec['micro_batches']} for {stages} stages: raise "
+                         f"microBatches to {stages} or more, or use pipelineSchedule='gpipe'.")
+    pipeline_split.split_plan(module, stages, spec["pipeline_split_points"])
+    pipeline_split.check_sequential(module, spec["input_dim"])
+
+
+def rows_per_round(stages: int, batch_size: int, micro_batches: int) -> int:
+    """Rows a replica pushes through its pipeline at once: its ranks' batches (each at most
+    ``batchSize + 1`` rows when the partitions are even) rounded up to whole micro-batches."""
+    return micro_batches * math.ceil(stages * (batch_size + 1) / micro_batches)
 
 
 class Strategy(strategies.Strategy):
     name = "pipeline"
+
+    def setup(self, module: torch.nn.Module) -> None:
+        """Create the groups, keep this rank's stage of ``module`` and build its schedules."""
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+        from sparkdist.torchtrain.strategies import pipeline_split
+
+        args, rank = self.args, self.context.rank
+        self.stages = args["pipeline_stages"]
+        self.replicas = self.context.world_size // self.stages
+        self.stage, self.replica = rank % self.stages, rank // self.stages
+        self.first, self.last = self.stage == 0, self.stage == self.stages - 1
+        plan = pipeline_split.split_plan(module, self.stages, args["pipeline_split_points"])
+        self.all_names = [name for name, _ in module.named_parameters()]
+        self.tail, self.out_dtype = _output_shape(module, args["input_dim"])
+        self.pipe_group, self.dp_group = self._groups()
+        self.module = self.model = pipeline_split.stage_module(module, plan,
+                                                               self.stage).to(self.device)
+        micro = args["micro_batches"]
+        self.rows = rows_per_round(self.stages, args["batch_size"], micro)
+        schedule = Schedule1F1B if args["pipeline_schedule"] == "1f1b" else ScheduleGPipe
+        self.schedule = schedule(self._stage(PipelineStage), micro, loss_fn=self._loss,
+                                 scale_grads=False)
+        # forward only (validation): a schedule of its own, so switching between training and
+        # evaluation never re-runs the stages' shape inference
+        self.forward_only = ScheduleGPipe(self._stage(PipelineStage), micro)
+        self.context.log(f"pipeline: {plan.describe()}; rank {rank} runs stage {self.stage} "
+                         f"of replica {self.replica} ({self.replicas} replicas); rounds of "
+                         f"{self.rows} rows in {micro} micro-batches, "
+                         f"{args['pipeline_schedule']}")
+
+    def _stage(self, stage_class: Any) -> Any:
+        return stage_class(self.module, self.stage, self.stages, self.device,
+                           group=self.pipe_group)
+
+    def _groups(self) -> tuple[Any, Any]:
+        """Every replica's pipeline group, then every stage's data-parallel group: created on
+        every rank in the same order (``new_group`` is collective); this rank's two kept."""
+        import torch.distributed as dist
+
+        pipe = data_parallel = None
+        for replica in range(self.replicas):
+            group = dist.new_group(self._pipeline_ranks(replica))
+            if replica == self.replica:
+                pipe = group
+        if self.replicas > 1:
+            for stage in range(self.stages):
+                group = dist.new_group([r * self.stages + stage for r in range(self.replicas)])
+                if stage == self.stage:
+                    data_parallel = group
+        return pipe, data_parallel
+
+    def _pipeline_ranks(self, replica: int) -> list[int]:
+        return [replica * self.stages + stage for stage in range(self.stages)]
+
+    def _global(self, stage: int) -> int:
+        """The global rank of ``stage`` of this rank's replica."""
+        return self.replica * self.stages + stage
+
+    # ------------------------------------------------------------------------- training
+    def train_step(self, features: torch.Tensor, label: torch.Tensor, scale: float,
+                   optimizer: Any) -> torch.Tensor:
+        """The rounds of this step through the pipeline, then the gradients scaled to the
+        mean over the global batch and summed over the replicas; the replica's summed loss
+        on its last stage (zero elsewhere)."""
+        import torch
+
+        sizes = self._sizes(len(features))
+        mine = sizes[self.replica * self.stages:(self.replica + 1) * self.stages]
+        inputs = self._gather_rows(features.reshape(len(features), self.args["input_dim"]), mine, 0)
+        labels = self._gather_rows(label.reshape(-1), mine, self.stages - 1)
+        optimizer.zero_grad()
+        losses: list[torch.Tensor] = []
+        for start in range(0, self._rounds(sizes) * self.rows, self.rows):
+            losses += self._train_round(inputs, labels, start)
+        self._reduce_gradients(scale / self.context.world_size)
+        optimizer.step()
+        if not losses:
+            return torch.zeros((), dtype=torch.float64, device=self.device)
+        return torch.stack(losses).sum().detach().double()
+
+    def _train_round(self, inputs: torch.Tensor | None, labels: torch.Tensor | None,
+                     start: int) -> list[torch.Tensor]:
+        args = (self._padded(inputs, start),) if self.first else ()
+        if not self.last:
+            self.schedule.step(*args, return_outputs=False)
+            return []
+        losses: list[torch.Tensor] = []
+        assert labels is not None  # the last stage gathered them
+        self.schedule.step(*args, target=self._target(labels, start), losses=losses,
+                           return_outputs=False)
+        return losses
+
+    def _loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """The summed loss of a micro-batch's real rows (``target``: label, weight 1; a
+        padding row has weight 0 and is left out, so it adds nothing to the gradient)."""
+        from sparkdist.torchtrain.loop import loss_sum
+
+        keep = target[:, 1] > 0
+        return loss_sum(self.args["loss_fn"], output[keep], target[keep, 0])
+
+    def _reduce_gradients(self, factor: float) -> None:
+        """Scale this stage's gradients by ``factor`` (1 / rows in the global step) and sum
+        them over its replicas, in one all-reduce of one flat buffer."""
+        import torch
+        import torch.distributed as dist
+
+        grads = [p.grad for p in self.module.parameters() if p.grad is not None]
+        if not grads:
+            return
+        if self.dp_group is None:
+            torch._foreach_mul_(grads, factor)
+            return
+        flat = torch.cat([grad.reshape(-1) for grad in grads]).mul_(factor)
+        dist.all_reduce(flat, group=self.dp_group)
+        offset = 0
+        for grad in grads:
+            grad.copy_(flat[offset:offset + grad.numel()].view_as(grad))
+            offset += grad.numel()
+
+    # ---------------------------------------------------------------------- evaluation
+    def predict(self, features: torch.Tensor) -> torch.Tensor | None:
+        """This rank's own rows through the pipeline: the replica's rows go in at its first
+        stage, and the last stage hands each rank the outputs of its rows, so the loop's
+        metrics count every validation row once (None where a rank has no rows)."""
+        import torch
+
+        sizes = self._sizes(len(features))
+        mine = sizes[self.replica * self.stages:(self.replica + 1) * self.stages]
+        inputs = self._gather_rows(features.reshape(len(features), self.args["input_dim"]), mine, 0)
+        outputs = []
+        for start in range(0, self._rounds(sizes) * self.rows, self.rows):
+            args = (self._padded(inputs, start),) if self.first else ()
+            output = self.forward_only.step(*args)
+            if self.last:
+                outputs.append(output)
+        merged = torch.cat(outputs)[:sum(mine)] if self.last and outputs else None
+        return self._scatter_rows(merged, mine)
+
+    # ------------------------------------------------------------------- moving rows
+    def _sizes(self, rows: int) -> list[int]:
+        """Every rank's batch size (one all-reduce)."""
+        import torch
+
+        table = torch.zeros(self.context.world_size, dtype=torch.float64)
+        table[self.context.rank] = rows
+        return [int(n) for n in self.backend.all_reduce_sum(table).tolist()]
+
+    def _rounds(self, sizes: list[int]) -> int:
+        """Rounds this step takes: as many as the replica with the most rows needs."""
+        most = max(sum(sizes[r * self.stages:(r + 1) * self.stages])
+                   for r in range(self.replicas))
+        return math.ceil(most / self.rows)
+
+    def _gather_rows(self, rows: torch.Tensor, mine: list[int],
+                     stage: int) -> torch.Tensor | None:
+        """The rows of every rank of this replica, in stage order, on ``stage`` (None on the
+        others); ``mine`` are the replica's batch sizes."""
+        import torch
+        import torch.distributed as dist
+
+        if self.stages == 1:
+            return rows
+        most = max(mine)
+        if most == 0:
+            return rows[:0] if self.stage == stage else None
+        padded = torch.zeros((most, *rows.shape[1:]), dtype=rows.dtype, device=self.device)
+        padded[:len(rows)] = rows
+        parts = ([torch.empty_like(padded) for _ in range(self.stages)]
+                 if self.stage == stage else None)
+        dist.gather(padded, parts, dst=self._global(stage), group=self.pipe_group)
+        if parts is None:
+            return None
+        return torch.cat([part[:n] for part, n in zip(parts, mine)])
+
+    def _scatter_rows(self, merged: torch.Tensor | None, mine: list[int]) -> torch.Tensor | None:
+        """Hand every rank of the replica the outputs of its own rows from the last stage."""
+        import torch
+        import torch.distributed as dist
+
+        own = mine[self.stage]
+        if self.stages == 1:
+            return merged if own else None
+        most = max(mine)
+        if most == 0:
+            return None
+        parts = None
+        if merged is not None:
+            starts = [sum(mine[:s]) for s in range(self.stages)]
+            parts = [self._pad(merged[at:at + n], most) for at, n in zip(starts, mine)]
+        received = torch.empty((most, *self.tail), dtype=self.out_dtype, device=self.device)
+        dist.scatter(received, parts, src=self._global(self.stages - 1), group=self.pipe_group)
+        return received[:own] if own else None
+
+    @staticmethod
+    def _pad(rows: torch.Tensor, length: int) -> torch.Tensor:
+        import torch
+
+        padded = torch.zeros((length, *rows.shape[1:]), dtype=rows.dtype, device=rows.device)
+        padded[:len(rows)] = rows
+        return padded.contiguous()
+
+    def _padded(self, rows: torch.Tensor | None, start: int) -> torch.Tensor:
+        """One round's inputs: ``rows[start:start + rows_per_round]`` padded with zero rows."""
+        assert rows is not None  # the first stage gathered them
+        return self._pad(rows[start:start + self.rows], self.rows)
+
+    def _target(self, labels: torch.Tensor, start: int) -> torch.Tensor:
+        """One round's labels and row weights (1 for a real row, 0 for padding)."""
+        import torch
+
+        part = labels[start:start + self.rows]
+        target = torch.zeros((self.rows, 2), dtype=torch.float32, device=self.device)
+        target[:len(part), 0] = part
+        target[:len(part), 1] = 1.0
+        return target
+
+    # ------------------------------------------------------------------ state and checkpoints
+    def full_state(self) -> dict[str, Any] | None:
+        """Every stage's state dict of replica 0, merged on rank 0 by parameter name."""
+        parts = self._collect({"model": _cpu(self.module.state_dict())})
+        if parts is None:
+            return None
+        return {name: value for part in parts for name, value in part["model"].items()}
+
+    def save_training_state(self, optimizer: Any, where: str) -> dict[str, Any] | None:
+        """The whole model's state dict and its optimizer state keyed by parameter name, on
+        rank 0 (gathered from replica 0's stages; the replicas hold the same): it loads into
+        any split and into ``ddp``."""
+        parts = self._collect({"model": _cpu(self.module.state_dict()),
+                               "optimizer": named_optimizer_state(optimizer, self.module)})
+        if parts is None:
+            return None
+        groups = [{**group, "params": [name for part in parts
+                                       for name in part["optimizer"]["param_groups"][g]["params"]]}
+                  for g, group in enumerate(parts[0]["optimizer"]["param_groups"])]
+        return {"format": FORMAT,
+                "model": {k: v for part in parts for k, v in part["model"].items()},
+                "optimizer": {"state": {k: v for part in parts
+                                        for k, v in part["optimizer"]["state"].items()},
+                              "param_groups": groups}}
+
+    def load_training_state(self, saved: dict[str, Any], optimizer: Any) -> None:
+        """This stage's part of a checkpoint written by any split (or by ``ddp``)."""
+        wanted = list(self.module.state_dict())
+        missing = [name for name in wanted if name not in saved["model"]]
+        if missing:
+            raise TrainingError(f"the checkpoint has no {', '.join(missing[:5])} for pipeline "
+                                f"stage {self.stage}: it was written for another model; use "
+                                f"a new runId or another checkpointDir.")
+        self.module.load_state_dict({name: saved["model"][name] for name in wanted})
+        named = saved["optimizer"]
+        if saved.get("format") != FORMAT:  # ddp's: whole-model optimizer, by position
+            named = by_name(named, self.all_names)
+        load_named_optimizer_state(optimizer, self.module, named)
+
+    def _collect(self, payload: dict[str, Any]) -> list[dict[str, Any]] | None:
+        """``payload`` of every stage of replica 0, in stage order, on rank 0 (None on every
+        other rank): point-to-point, as bytes ``torch.load(weights_only=True)`` reads."""
+        if self.replica != 0:
+            return None
+        if self.context.rank != 0:
+            self._send_object(payload, 0)
+            return None
+        return [payload, *(self._receive_object(stage) for stage in range(1, self.stages))]
+
+    def _send_object(self, payload: dict[str, Any], destination: int) -> None:
+        import torch
+        import torch.distributed as dist
+
+        buffer = io.BytesIO()
+        torch.save(payload, buffer)
+        data = torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+        dist.send(torch.tensor([data.numel()], device=self.device), dst=destination)
+        dist.send(data.to(self.device), dst=destination)
+
+    def _receive_object(self, source: int) -> dict[str, Any]:
+        import torch
+        import torch.distributed as dist
+
+        size = torch.zeros(1, dtype=torch.int64, device=self.device)
+        dist.recv(size, src=source)
+        data = torch.empty(int(size[0]), dtype=torch.uint8, device=self.device)
+        dist.recv(data, src=source)
+        return torch.load(io.BytesIO(data.cpu().numpy().tobytes()), weights_only=True)
+
+
+# ---------------------------------------------------------------------- optimizer by name
+def named_optimizer_state(optimizer: Any, module: torch.nn.Module) -> dict[str, Any]:
+    """``optimizer.state_dict()`` with parameter names in place of positions (on CPU)."""
+    state = optimizer.state_dict()
+    index_name = _index_names(optimizer, module, state["param_groups"])
+    return {"state": {index_name[i]: {key: _detach(value) for key, value in entry.items()}
+                      for i, entry in state["state"].items()},
+            "param_groups": [{**group, "params": [index_name[i] for i in group["params"]]}
+                             for group in state["param_groups"]]}
+
+
+def load_named_optimizer_state(optimizer: Any, module: torch.nn.Module,
+                               named: dict[str, Any]) -> None:
+    """Load the entries of ``named`` (from :func:`named_optimizer_state`, any split) that
+    belong to ``module``'s parameters into ``optimizer``."""
+    names = {id(p): name for name, p in module.named_parameters()}
+    state, groups, position = {}, [], 0
+    if len(named["param_groups"]) != len(optimizer.param_groups):
+        raise TrainingError(f"the checkpoint's optimizer has {len(named['param_groups'])} "
+                            f"parameter groups, this one {len(optimizer.param_groups)}: it was "
+                            f"written for another optimizer; use a new runId.")
+    for live, saved in zip(optimizer.param_groups, named["param_groups"]):
+        positions = []
+        for parameter in live["params"]:
+            name = names[id(parameter)]
+            if name in named["state"]:
+                state[position] = named["state"][name]
+            positions.append(position)
+            position += 1
+        groups.append({**{k: v for k, v in saved.items() if k != "params"},
+                       "params": positions})
+    optimizer.load_state_dict({"state": state, "param_groups": groups})
+
+
+def by_name(positional: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    """A whole-model optimizer state dict (positions in ``names``' order, as ``ddp``'s
+    optimizer over ``module.parameters()`` writes it) keyed by parameter name."""
+    return {"state": {names[i]: entry for i, entry in positional["state"].items()},
+            "param_groups": [{**group, "params": [names[i] for i in group["params"]]}
+                             for group in positional["param_groups"]]}
+
+
+def _index_names(optimizer: Any, module: torch.nn.Module,
+                 groups: list[dict[str, Any]]) -> dict[int, str]:
+    names = {id(p): name for name, p in module.named_parameters()}
+    return {index: names[id(parameter)]
+            for live, group in zip(optimizer.param_groups, groups)
+            for parameter, index in zip(live["params"], group["params"])}
+
+
+def _detach(value: Any) -> Any:
+    return value.detach().cpu().clone() if hasattr(value, "detach") else value
+
+
+def _cpu(state_dict: dict[str, Any]) -> dict[str, Any]:
+    return {name: value.detach().cpu().clone() for name, value in state_dict.items()}
+
+
+def _output_shape(module: torch.nn.Module, input_dim: int) -> tuple[tuple[int, ...], Any]:
+    """The shape of one row's output and its dtype (from two rows of zeros, in eval mode):
+    what the ranks before the last stage receive their rows' outputs into."""
+    import torch
+
+    was_training = module.training
+    module.eval()
+    try:
+        with torch.no_grad():
+            output = module(torch.zeros(2, input_dim))
+    finally:
+        module.train(was_training)
+    return tuple(output.shape[1:]), output.dtype
