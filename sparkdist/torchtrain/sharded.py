@@ -55,6 +55,21 @@ ALLOWED_GLOBALS: dict[str, set[str]] = {
 }
 
 
+def fresh_dtensor_caches() -> None:
+    """Forget DTensor's cached sharding propagation; call before building DTensors.
+
+    Spark reuses Python workers, and a worker that was rank 1 of one fit may be rank 0 of the
+    next. A DeviceMesh compares equal to an earlier one of the same shape whatever rank built
+    it, so DTensor's sharding-propagation caches (Python and C++) hand back specs holding the
+    earlier fit's mesh, whose coordinate is the earlier rank: the shards themselves stay right,
+    but their global offsets (what DCP writes into a checkpoint's metadata) come out as the
+    other rank's, and a checkpoint with two chunks at one offset loads the wrong bytes
+    (measured with torch 2.13: 2 ranks swapping between fits)."""
+    from torch.distributed.tensor import debug
+
+    debug._clear_sharding_prop_cache()
+
+
 # --------------------------------------------------------------------------------- writing
 def save(where: str, model: torch.nn.Module, optimizer: Any) -> dict[str, Any] | None:
     """Write every rank's shard of the model and optimizer state into directory ``where``;

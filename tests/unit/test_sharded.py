@@ -102,7 +102,7 @@ def written(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("world", [1, 3])
+@pytest.mark.parametrize("world", [1, 2, 3])
 def test_a_checkpoint_of_two_ranks_loads_into_another_number(written, world):
     out, first = written
     assert set(first["saved"]["files"]) == {".metadata", "__0_0.distcp", "__1_0.distcp"}
@@ -209,3 +209,52 @@ def test_checkpoints_prune_shard_directories_with_their_checkpoints(tmp_path):
     mid = commit(3, 2)  # a mid-epoch checkpoint replaces ckpt-3 and its shards
     assert shards() == [second, mid]
     assert sorted(checkpoints.steps()) == [2, 3]
+
+
+def _swapping_rank(first_rank, out):
+    """Two fits in one process, as in a reused Spark worker: as rank ``first_rank`` it trains
+    a step and writes a sharded checkpoint; then, as the other rank, it reads it back into a
+    freshly sharded model (a resume: the templates are made before any step)."""
+    import torch.distributed as dist
+
+    from sparkdist.torchtrain import sharded
+
+    try:
+        for fit, rank in enumerate([first_rank, 1 - first_rank]):
+            dist.init_process_group("gloo", init_method=f"file://{out}/swap-store-{fit}",
+                                    rank=rank, world_size=2)
+            sharded.fresh_dtensor_caches()
+            model, optimizer = _sharded(2)
+            if fit == 0:
+                model(torch.ones(2, 6)).sum().backward()
+                optimizer.step()
+                saved = sharded.save(f"{out}/swap", model, optimizer)
+                if rank == 0:
+                    torch.save(saved, f"{out}/swap.pt")
+            else:
+                sharded.load(torch.load(f"{out}/swap.pt", weights_only=True), model,
+                             optimizer)
+            torch.save(_full(model, optimizer)[0], f"{out}/swap-{fit}-{rank}.pt")
+            dist.barrier()
+            dist.destroy_process_group()
+    except BaseException:
+        with open(f"{out}/swap-{first_rank}.err", "w") as err:
+            err.write(traceback.format_exc())
+        raise
+
+
+@pytest.mark.slow
+def test_a_reused_worker_that_changes_rank_reads_its_own_slices(tmp_path):
+    context = multiprocessing.get_context("fork")
+    ranks = [context.Process(target=_swapping_rank, args=(rank, str(tmp_path)))
+             for rank in range(2)]
+    for process in ranks:
+        process.start()
+    for process in ranks:
+        process.join(120)
+    errors = [p.read_text() for p in tmp_path.glob("swap-*.err")]
+    assert [process.exitcode for process in ranks] == [0, 0], errors
+    written = torch.load(tmp_path / "swap-0-0.pt", weights_only=True)
+    for rank in range(2):
+        read = torch.load(tmp_path / f"swap-1-{rank}.pt", weights_only=True)
+        assert all(torch.equal(read[name], written[name]) for name in written)

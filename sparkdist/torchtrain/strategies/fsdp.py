@@ -88,8 +88,11 @@ class Strategy(strategies.Strategy):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
+        from sparkdist.torchtrain.sharded import fresh_dtensor_caches
+
         if self.args.get("mixed_precision") and self.device.type != "cuda":
             raise ParamError(CPU_MIXED_PRECISION)
+        fresh_dtensor_caches()  # this reused worker may have held another rank before
         module = module.to(self.device)
         mesh = init_device_mesh(self.device.type, (self.context.world_size,))
         policy = self._mixed_precision()

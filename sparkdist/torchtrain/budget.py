@@ -1,0 +1,96 @@
+"""A per-worker memory budget enforced for real, to show what sharding buys: a model whose
+parameters, gradients and Adam state do not fit one worker's budget under ``strategy="ddp"``
+trains under ``strategy="fsdp"``.
+
+Spark caps each Python worker's address space (``RLIMIT_AS``) at
+``spark.executor.pyspark.memory`` divided by the executor's cores: the worker sets the limit
+on itself when it starts a task, so an allocation beyond it fails in that process (torch:
+``DefaultCPUAllocator: can't allocate memory``) and reaches the driver as the fit's
+TrainingError. :func:`budget_session` starts a ``local-cluster`` (one executor JVM and one
+Python worker per rank) with that cap; on a real cluster, set the same conf on the cluster.
+
+The cap counts address space, not resident memory: torch's libraries, gloo's threads and
+pyarrow map about 1.5 GiB before a model exists (:data:`BASELINE_MB`, measured here), so a
+budget is that plus what the model needs.
+
+Examples
+--------
+>>> spark = budget_session(budget_mb=2700)  # doctest: +SKIP
+>>> outcome = compare_under_budget(spark, hidden=[4096] * 4)  # doctest: +SKIP
+>>> outcome["ddp"]["error"], outcome["fsdp"]["history"][-1]["loss"]  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: About what a rank's Python worker maps before its model exists (python, torch, gloo,
+#: pyarrow, the feed), in MiB, measured under local-cluster on CPU.
+BASELINE_MB = 1500
+
+
+def budget_conf(budget_mb: int) -> dict[str, str]:
+    """The Spark conf that caps every Python worker (of a one-core executor) at
+    ``budget_mb`` MiB of address space."""
+    return {"spark.executor.pyspark.memory": f"{int(budget_mb)}m"}
+
+
+def budget_session(budget_mb: int, workers: int = 2, executor_heap_mb: int = 1024,
+                   conf: dict[str, str] | None = None) -> Any:
+    """A new ``local-cluster[workers,1,executor_heap_mb]`` SparkSession whose Python
+    workers may each map at most ``budget_mb`` MiB. Stops the active session first (one
+    SparkContext per process): call it from a driver of its own."""
+    from pyspark.sql import SparkSession
+
+    from sparkdist.session import get_spark
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        active.stop()
+    settings = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": str(workers),
+                **budget_conf(budget_mb), **(conf or {})}
+    return get_spark(master=f"local-cluster[{workers},1,{executor_heap_mb}]",
+                     app_name=f"sparkdist-budget-{budget_mb}m", conf=settings)
+
+
+def model_state_mb(hidden: list[int], input_dim: int = 8, output_dim: int = 1) -> dict[str,
+                                                                                      float]:
+    """MiB of the MLP's parameters, and of parameters + gradients + Adam's two moments
+    (float32): what a ddp rank holds whole and an fsdp rank holds ``1/world`` of."""
+    widths = [input_dim, *hidden, output_dim]
+    count = sum(a * b + b for a, b in zip(widths, widths[1:]))
+    params = count * 4 / 2**20
+    return {"parameters": params, "training_state": 4 * params}
+
+
+def compare_under_budget(spark: Any, hidden: list[int], rows: int = 512, epochs: int = 1,
+                         workers: int = 2, batch_size: int = 64,
+                         strategies: tuple[str, ...] = ("ddp", "fsdp"),
+                         **settings: Any) -> dict[str, dict[str, Any]]:
+    """Fit the same MLP (``hidden`` layer widths, on ``rows`` rows of
+    :func:`sparkdist.datasets.make_nonlinear`) with each strategy in ``spark`` (e.g. a
+    :func:`budget_session`), without retries; per strategy: ``ok``, and the ``history`` and
+    ``ranks`` (peak RSS) of a fit that trained or the ``error`` of one that did not."""
+    from sparkdist.datasets import make_nonlinear
+    from sparkdist.exceptions import TrainingError
+    from sparkdist.models import TorchEstimator
+
+    data = spark.createDataFrame(make_nonlinear(rows, 0)).repartition(workers).cache()
+    data.count()
+    outcome: dict[str, dict[str, Any]] = {}
+    try:
+        for strategy in strategies:
+            estimator = TorchEstimator(
+                strategy=strategy, numWorkers=workers, epochs=epochs, batchSize=batch_size,
+                modelKwargs={"hidden": list(hidden)}, maxRetries=0, progress=False,
+                **settings)
+            try:
+                model = estimator.fit(data)
+            except TrainingError as err:
+                outcome[strategy] = {"ok": False, "error": str(err)}
+                continue
+            outcome[strategy] = {"ok": True, "history": model.history,
+                                 "ranks": model.trainingSummary["ranks"]}
+    finally:
+        data.unpersist()
+    return outcome
