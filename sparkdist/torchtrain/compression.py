@@ -7,16 +7,18 @@ communication hook (torch.distributed.algorithms.ddp_comm_hooks), on gloo and NC
 - ``powersgd``: each gradient matrix sent as a rank-``powerSgdRank`` approximation P Q^T with
   error feedback (Vogels et al. 2019); vectors (biases) and matrices too small to gain go
   uncompressed. The first ``max(2, syncWarmupSteps)`` steps are plain all-reduces (PowerSGD's
-  ``start_powerSGD_iter``; 2 is the least DDP allows with error feedback).
+  ``start_powerSGD_iter``; 2 is the least DDP allows with error feedback), and so are the 2
+  steps after each checkpoint (below).
 
 Every hook counts the bytes it hands to ``all_reduce`` (this rank's payload; a ring all-reduce
 moves about twice that over the wire) into the :class:`~sparkdist.torchtrain.loop.StepClock`,
 which reports them per rank in ``trainingSummary["ranks"]``.
 
 PowerSGD keeps state per rank (the error of its own compression, warm-start matrices). A
-checkpoint starts it afresh on every rank (:meth:`GradientHook.restart`, seeded by the step
-count, which the checkpoint keeps), in an uninterrupted fit as in a resumed one, so a resumed
-fit ends with the same weights as an uninterrupted fit with the same checkpoint settings.
+checkpoint starts it afresh on every rank, with 2 plain steps before compressing again
+(:meth:`GradientHook.restart`, seeded by the step count, which the checkpoint keeps), in an
+uninterrupted fit as in a resumed one, so a resumed fit ends with the same weights as an
+uninterrupted fit with the same checkpoint settings.
 """
 
 from __future__ import annotations
@@ -33,16 +35,19 @@ class GradientHook:
                  warmup_steps: int = 0) -> None:
         self.kind, self.clock = kind, clock
         self.powersgd_rank = powersgd_rank
-        self.start_iter = max(2, warmup_steps)
+        self.warmup_steps = warmup_steps
         self.powersgd: Any = self._powersgd_state(0) if kind == "powersgd" else None
 
     def _powersgd_state(self, iteration: int) -> Any:
+        """A fresh PowerSGD state at step ``iteration``: 2 plain all-reduces first (a new
+        process's DDP lays its buckets out anew after its first step, which PowerSGD's memory
+        must not straddle), or up to ``syncWarmupSteps``."""
         from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 
         state = powerSGD_hook.PowerSGDState(
             process_group=None, matrix_approximation_rank=self.powersgd_rank,
-            start_powerSGD_iter=self.start_iter, random_seed=iteration % 2**31,
-            compression_stats_logging_frequency=2**31)
+            start_powerSGD_iter=max(iteration + 2, self.warmup_steps),
+            random_seed=iteration % 2**31, compression_stats_logging_frequency=2**31)
         state.iter = iteration
         return state
 

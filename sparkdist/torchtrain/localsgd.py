@@ -13,7 +13,7 @@ Local SGD (``syncEvery=k > 1``, ``maxStaleness=0``)
 Bounded staleness (``maxStaleness=s > 0``)
     Local steps as above, but the averages do not stop anyone: every k-th train step each
     rank snapshots its parameters and launches an asynchronous all-reduce of (snapshot x w,
-    w) on a second gloo group, w being the steps it computed since its previous snapshot;
+    w) on a second process group, w being the steps it computed since its previous snapshot;
     when that completes it moves its parameters by (weighted mean - its snapshot), keeping
     the steps it took meanwhile. It waits for an average only once that is more than s
     train steps old. A rank that lags (its step count, published through the process
@@ -124,7 +124,7 @@ class BoundedStaleness(LocalSGD):
         self.staleness, self.rank, self.world = staleness, rank, world
         # a group of its own, so that its averages in flight never pair up with the
         # loop's collectives on the default group (created on every rank, in order)
-        self.group = dist.new_group(backend="gloo")
+        self.group = dist.new_group()
         self.store = dist.PrefixStore("sparkdist-staleness/", store)
         self.rounds: collections.deque[tuple[int, Any, Any, Any]] = collections.deque()
         self.computed = 0  # steps computed since the last snapshot

@@ -459,12 +459,12 @@ class StepClock:
     notes it) and ``backward()`` returning. Without a DDP model (Horovod) it stays 0 and the
     wait is inside ``compute``."""
 
-    FIELDS = ("data_s", "compute_s", "communication_s", "other_s", "sent_bytes",
+    FIELDS = ("data_s", "compute_s", "communication_s", "other_s", "allreduce_bytes",
               "train_steps", "skipped_steps")
 
     def __init__(self) -> None:
         self.seconds = dict.fromkeys(("data", "compute", "communication", "other"), 0.0)
-        self.sent_bytes = 0
+        self.allreduce_bytes = 0
         self.train_steps = 0
         self.skipped_steps = 0
         self._mark = time.perf_counter()
@@ -496,7 +496,7 @@ class StepClock:
             self.train_steps += 1
 
     def sent(self, nbytes: int) -> None:
-        self.sent_bytes += int(nbytes)
+        self.allreduce_bytes += int(nbytes)
 
     def skipped(self) -> None:
         self.skipped_steps += 1
@@ -522,7 +522,7 @@ class StepClock:
         of ``total``), then bytes sent, train steps, skipped steps."""
         measured = self.seconds["data"] + self.seconds["compute"] + self.seconds["communication"]
         return [self.seconds["data"], self.seconds["compute"], self.seconds["communication"],
-                max(0.0, total - measured), float(self.sent_bytes), float(self.train_steps),
+                max(0.0, total - measured), float(self.allreduce_bytes), float(self.train_steps),
                 float(self.skipped_steps)]
 
 

@@ -56,7 +56,7 @@ def _same_weights(a, b) -> bool:
 
 
 def _sent(model) -> list[float]:
-    return [rank["sent_bytes"] for rank in model.trainingSummary["ranks"]]
+    return [rank["allreduce_bytes"] for rank in model.trainingSummary["ranks"]]
 
 
 @pytest.mark.slow
@@ -111,7 +111,7 @@ def test_a_straggler_skips_steps_under_bounded_staleness(data, holdout, ddp):
                              rank=1, factor=3.0)
     model = estimator.fit(data)
     ranks = model.trainingSummary["ranks"]
-    assert ranks[0]["skipped_steps"] == 0 and ranks[1]["skipped_steps"] > 0, ranks
+    assert ranks[1]["skipped_steps"] > max(2, ranks[0]["skipped_steps"]), ranks
     assert _accuracy(model, holdout) > _accuracy(ddp, holdout) - 0.03
 
 
