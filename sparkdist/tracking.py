@@ -113,20 +113,37 @@ def _log_training_summary(mlflow: Any, model: Any) -> None:
 
 def _log_torch_module(mlflow: Any, model: Any) -> None:
     """A TorchModel's network also goes in as ``torch_model`` with the pytorch flavour
-    (torch.export's pt2 format: no pickle; a 4-row example keeps the batch size dynamic)."""
+    (torch.export's pt2 format: no pickle; a 4-row example keeps the batch size dynamic).
+    A TorchModel with ``quantization='int8'`` (its Spark model then scores in int8 too) also
+    gets ``torch_model_int8``: the network with its Linear layers dynamically quantized, as
+    ``module()`` returns it; loading it needs torchao."""
     from sparkdist.evaluation import final_stage
 
     final = final_stage(model)
     if type(final).__name__ != "TorchModel":
         return
-    import mlflow.pytorch
-    import numpy as np
     import torch
 
-    example = np.zeros((4, final.inputDim), dtype=np.float32)
-    mlflow.pytorch.log_model(final.module(), name="torch_model", input_example=example,
-                             serialization_format="pt2",
-                             pip_requirements=[f"torch=={torch.__version__}"])
+    requirements = [f"torch=={torch.__version__}"]
+    if final.getOrDefault("quantization") != "int8":
+        _log_network(mlflow, final.module(), final.inputDim, "torch_model", requirements)
+        return
+    from importlib.metadata import version
+
+    fp32 = final.copy({final.quantization: "none"}).module()
+    _log_network(mlflow, fp32, final.inputDim, "torch_model", requirements)
+    _log_network(mlflow, final.module(), final.inputDim, "torch_model_int8",
+                 [*requirements, f"torchao=={version('torchao')}"])
+
+
+def _log_network(mlflow: Any, network: Any, input_dim: int, name: str,
+                 requirements: list[str]) -> None:
+    import mlflow.pytorch
+    import numpy as np
+
+    example = np.zeros((4, input_dim), dtype=np.float32)
+    mlflow.pytorch.log_model(network, name=name, input_example=example,
+                             serialization_format="pt2", pip_requirements=requirements)
 
 
 def load_model(run_id: str, uri: str | None = None) -> Any:

@@ -60,7 +60,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from sparkdist import failpoints
-from sparkdist.columns import require_columns
+from sparkdist.columns import check_one_of, require_columns
 from sparkdist.exceptions import ModelLoadError, ParamError
 from sparkdist.launch.preflight import preflight
 from sparkdist.models import _torch_checks as checks
@@ -477,15 +477,42 @@ class TorchModel(Model, _TorchParams, PersistentModel):
     def numClasses(self) -> int:
         return int(self._info.get("num_classes", 0))
 
+    def setQuantization(self, value: str) -> TorchModel:
+        """'none' (float32) or 'int8': how ``transform`` and :meth:`module` score (see
+        :meth:`_transform`); saved with the model."""
+        check_one_of("quantization", value, checks.QUANTIZATIONS)
+        return self._set(quantization=value)
+
     def module(self) -> Any:
-        """The trained ``nn.Module`` (in eval mode), for use outside Spark."""
-        module = loop.build_module(loop.resolve_model(self.getOrDefault("model")),
-                                   self.getOrDefault("modelKwargs") or {},
-                                   self._info["input_dim"], self._info["output_dim"])
+        """The trained ``nn.Module`` (in eval mode), for use outside Spark: the network
+        ``transform`` scores with, so with ``quantization='int8'`` its Linear layers are
+        dynamically quantized to int8 (on the CPU)."""
+        module = self._network()
         module.load_state_dict(self._weights)
+        if self._quantization() == "int8":
+            return inference.quantize_int8(module.eval())
         return module.eval()
 
+    def _network(self) -> Any:
+        return loop.build_module(loop.resolve_model(self.getOrDefault("model")),
+                                 self.getOrDefault("modelKwargs") or {},
+                                 self._info["input_dim"], self._info["output_dim"])
+
+    def _quantization(self) -> str:
+        """The ``quantization`` Param, checked (it may come from copy(), set() or a saved
+        model, none of which check it); with 'int8', also that the network has Linear layers
+        and torchao is installed, so that a task never fails on either."""
+        value = self.getOrDefault("quantization")
+        check_one_of("quantization", value, checks.QUANTIZATIONS)
+        if value == "int8":
+            inference.check_int8(self._network(), self.getOrDefault("model"))
+        return str(value)
+
     def _transform(self, dataset: DataFrame) -> DataFrame:
+        """Scores on the executors. ``quantization='int8'``: each task quantizes the
+        network's Linear layers to int8 once (dynamic quantization, torchao) and scores on
+        the CPU, also where the task has a GPU; a network without Linear layers is refused
+        (ParamError) rather than scored in float32 under the int8 name."""
         require_columns(dataset.schema, self.featureSource(), "TorchModel")
         features = checks.scoring_features(dataset.schema, self.featureSource(),
                                            self.inputDim)
@@ -495,7 +522,7 @@ class TorchModel(Model, _TorchParams, PersistentModel):
                 "weights": inference.weights_bytes(self._weights),
                 "input_dim": self._info["input_dim"], "output_dim": self._info["output_dim"],
                 "batch_size": self.getOrDefault("batchSize"),
-                "use_gpu": self.getOrDefault("useGpu")}
+                "use_gpu": self.getOrDefault("useGpu"), "quantization": self._quantization()}
         predict = inference.predict_udf(spec, self.task)
         scored = dataset.withColumn("__sparkdist_out", predict(features))
         return self._output_columns(scored).drop("__sparkdist_out")

@@ -1,6 +1,16 @@
 """Scoring with a trained network on the executors: one pandas UDF per TorchModel.transform,
 the network built and loaded once per task, each Arrow batch scored in ``batch_size`` slices.
-Classifiers return MLlib's columns (prediction, probability, rawPrediction)."""
+Classifiers return MLlib's columns (prediction, probability, rawPrediction).
+
+``quantization='int8'``: once per task, after loading the float32 weights, the network's
+``nn.Linear`` layers get int8 weights (per output channel) and quantize their input per row at
+each call (dynamic quantization), with torchao's ``quantize_`` and
+``Int8DynamicActivationInt8WeightConfig``: the API torch 2.13 points to, whose own
+``torch.ao.quantization.quantize_dynamic`` warns that it is deprecated. The rest of the
+network (activations, other layers) stays float32. Int8 scoring runs on the CPU, also in a
+task that has a GPU (no GPU is claimed). A row's output does not depend on the other rows of
+its batch, so int8 scores are reproducible.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +19,13 @@ from typing import Any
 
 import pandas as pd
 
+from sparkdist.exceptions import ParamError
 from sparkdist.launch import gpus
 from sparkdist.torchtrain import loop
+
+TORCHAO_INSTALL = ("quantization='int8' needs torchao (torch's int8 quantization library): pip "
+                   "install 'sparkdist[torch]' (or torchao) on the driver and the executors, or "
+                   "score with quantization='none'.")
 
 
 def weights_bytes(weights: dict[str, Any]) -> bytes:
@@ -39,7 +54,8 @@ def predict_udf(spec: dict[str, Any], task: str) -> Any:
 
 
 def predict_batches(spec: dict[str, Any], batches: Any) -> Any:
-    """Executor side: load the network once per task, then score each Arrow batch."""
+    """Executor side: load the network once per task (and quantize it, with
+    ``spec["quantization"] == 'int8'``), then score each Arrow batch."""
     import io
 
     import numpy as np
@@ -48,18 +64,99 @@ def predict_batches(spec: dict[str, Any], batches: Any) -> Any:
     module = loop.build_module(spec["module"], spec["module_kwargs"],
                                spec["input_dim"], spec["output_dim"])
     module.load_state_dict(torch.load(io.BytesIO(spec["weights"]), weights_only=True))
-    # The task's assigned GPU when there is one; a model trained with useGpu=True still scores
-    # on a CPU-only cluster rather than failing there.
-    device = gpus.apply(gpus.plan_for_task("auto" if spec["use_gpu"] else False))
-    module.to(device).eval()
+    if spec.get("quantization", "none") == "int8":
+        device = torch.device("cpu")
+        module = quantize_int8(module.eval())
+    else:
+        # The task's assigned GPU when there is one; a model trained with useGpu=True still
+        # scores on a CPU-only cluster rather than failing there.
+        device = gpus.apply(gpus.plan_for_task("auto" if spec["use_gpu"] else False))
+        module.to(device).eval()
     for series in batches:
         matrix = np.stack(series.to_numpy()).astype(np.float32) if len(series) else \
             np.zeros((0, spec["input_dim"]), np.float32)
-        with torch.no_grad():
-            output = torch.cat([module(torch.from_numpy(part).to(device)).cpu() for part in
-                                np.array_split(matrix, max(1, -(-len(matrix) //
-                                                              spec["batch_size"])))])
-        yield pd.DataFrame(_outputs(spec["loss"], output.reshape(len(matrix), -1).double()))
+        output = score(module, matrix, spec["batch_size"], spec["output_dim"], device)
+        yield pd.DataFrame(_outputs(spec["loss"], output.double()))
+
+
+def score(module: Any, matrix: Any, batch_size: int, output_dim: int, device: Any = None) -> Any:
+    """The network's outputs for a float32 matrix, ``batch_size`` rows at a call, as a CPU
+    tensor of one row per input row (an empty matrix is not passed to the network: torchao's
+    int8 layers cannot take zero rows)."""
+    import numpy as np
+    import torch
+
+    if not len(matrix):
+        return torch.zeros((0, output_dim))
+    with torch.no_grad():
+        parts = np.array_split(matrix, -(-len(matrix) // batch_size))
+        output = torch.cat([module(torch.from_numpy(part).to(device)).cpu() for part in parts])
+    return output.reshape(len(matrix), -1)
+
+
+# ----------------------------------------------------------------------- int8 quantization
+def quantizable_layers(module: Any) -> list[str]:
+    """Names of the layers int8 quantization replaces: the ``nn.Linear`` ones, less the
+    ``NonDynamicallyQuantizableLinear`` output projection of attention (torchao skips it)."""
+    import torch
+
+    skip = torch.nn.modules.linear.NonDynamicallyQuantizableLinear
+    return [name for name, layer in module.named_modules()
+            if isinstance(layer, torch.nn.Linear) and not isinstance(layer, skip)]
+
+
+def check_int8(module: Any, model_name: str) -> None:
+    """On the driver, before any task: a network with nothing to quantize, or a missing
+    torchao, is a ParamError (quantizing nothing would score float32 under an int8 name)."""
+    import importlib.util
+
+    if not quantizable_layers(module):
+        raise ParamError(f"quantization='int8' quantizes a network's nn.Linear layers, and "
+                         f"model={model_name!r} has none; score it with quantization='none'.")
+    if importlib.util.find_spec("torchao") is None:
+        raise ParamError(TORCHAO_INSTALL)
+
+
+def quantize_int8(module: Any) -> Any:
+    """``module`` (float32, eval mode) with its Linear layers dynamically quantized to int8,
+    in place, on the CPU; returned. ParamError when it has no Linear layer."""
+    check_int8(module, type(module).__qualname__)
+    quantize, config = _torchao()
+    # set_inductor_config=False: it would change torch.compile's global settings, and
+    # scoring does not compile.
+    quantize(module.cpu(), config(set_inductor_config=False))
+    return module
+
+
+def _torchao() -> tuple[Any, Any]:
+    """torchao's ``quantize_`` and int8 config, imported without its import-time warnings:
+    a CPU build of torch cannot load its CUDA kernels (it logs each), and torch's pytree
+    logs a deprecation about torchao's enums; neither affects CPU int8 scoring."""
+    import logging
+
+    loggers = [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
+    except ImportError as err:
+        raise ImportError(TORCHAO_INSTALL) from err
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+    return quantize_, Int8DynamicActivationInt8WeightConfig
+
+
+def state_bytes(module: Any) -> int:
+    """Bytes of ``torch.save(module.state_dict())``: a model's size as stored."""
+    import io
+
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(module.state_dict(), buffer)
+    return len(buffer.getvalue())
 
 
 def _outputs(loss: str, output: Any) -> dict[str, Any]:
