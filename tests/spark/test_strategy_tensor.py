@@ -157,6 +157,22 @@ def test_the_fitted_model_saves_loads_and_scores(tensor_model, data, tmp_path):
     assert before == after
 
 
+@pytest.mark.slow
+def test_an_empty_partition_trains_and_validates_without_hanging(data):
+    """One rank's feed and validation rows are all empty: it still joins every step's
+    all-gathers with zero rows, and computes the global batch like its peer."""
+    from pyspark.sql import functions as F
+
+    skewed = data[0].repartition(2, F.lit(0))  # every row hashes to the same partition
+    assert sorted(skewed.rdd.glom().map(len).collect()) == [0, 4000]
+    model = TorchEstimator(epochs=4, strategy="tensor", validationFraction=0.2,
+                           modelKwargs={"hidden": [32, 16]}, timeoutSeconds=300,
+                           **SETTINGS).fit(skewed)
+    history = model.history
+    assert history[-1]["loss"] < history[0]["loss"] and history[-1]["val_accuracy"] > 0.8
+    assert _accuracy(model, data[1]) > 0.8
+
+
 class NoLinear(nn.Module):
     """A network without Linear layers: nothing for tensor parallelism to split."""
 
