@@ -85,9 +85,10 @@ def split_plan(module: nn.Module, stages: int, split_points: list[str] | None = 
                          f"(an nn.Sequential or attributes run in order), or use "
                          f"strategy='ddp'.")
     if len(children) < stages:
-        raise ParamError(f"pipelineStages={stages}: {where} has only {len(children)} "
-                         f"children to split ({', '.join(names)}); use pipelineStages <= "
-                         f"{len(children)} (and numWorkers a multiple of it).")
+        count = f"{len(children)} child" + ("ren" if len(children) > 1 else "")
+        raise ParamError(f"pipelineStages={stages}: {where} has only {count} to split "
+                         f"({', '.join(names)}); use pipelineStages <= {len(children)} (and "
+                         f"numWorkers a multiple of it), or a model with more layers.")
     outside = _outside_children(module, path)
     if outside:
         raise ParamError(f"strategy='pipeline': {where} holds parameters or buffers outside "
