@@ -1,11 +1,13 @@
 """strategy='tensor' in local[2] (2 barrier ranks, gloo): the paired Linear layers split over
 the ranks with DTensor learn what ddp learns, with the same loss curve, for about half of
 ddp's per-rank parameter, gradient and optimizer bytes; a SIGKILLed rank resumes to the
-uninterrupted weights (dropout included); a 2-worker checkpoint loads into 1 worker; the
-fitted TorchModel saves, loads and scores as any; bad configurations fail before launch."""
+uninterrupted weights (dropout included) from its sharded checkpoint; a 2-worker checkpoint
+loads into 1 worker; the fitted TorchModel saves, loads and scores as any; bad configurations
+fail before launch."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
@@ -97,7 +99,7 @@ def test_each_rank_holds_about_half_of_ddps_state_bytes(ddp_model, tensor_model)
 @pytest.mark.slow
 def test_a_rank_killed_mid_fit_resumes_to_the_same_weights(data, dropout_model, tmp_path):
     """checkpointEverySteps=10 (32 steps an epoch): a SIGKILL at step 13 of epoch 3 resumes
-    after its step 10 from the consolidated checkpoint, and the dropout masks (rank 0's seed
+    after its step 10 from the ranks' shards, and the dropout masks (rank 0's seed
     for the whole activations, each rank's own inside a split pair) are drawn again alike."""
     estimator = arm(TorchEstimator(epochs=3, strategy="tensor", modelKwargs=DROPOUT,
                                    checkpointDir=str(tmp_path / "ckpt"), checkpointEverySteps=10,
@@ -111,6 +113,11 @@ def test_a_rank_killed_mid_fit_resumes_to_the_same_weights(data, dropout_model, 
         [epoch["loss"] for epoch in dropout_model.history], rel=1e-6)
     assert _same_weights(model, dropout_model)
     assert dropout_model.history[-1]["loss"] < 0.8 * dropout_model.history[0]["loss"]
+    run = tmp_path / "ckpt" / summary["run_id"]
+    shards = [run / name for name in os.listdir(run) if name.startswith("shards-")]
+    assert shards and all(  # every rank wrote its own file in each
+        len([name for name in os.listdir(where) if name.endswith(".distcp")]) == 2
+        for where in shards)
 
 
 @pytest.mark.slow

@@ -18,9 +18,8 @@ is the global batch's mean, and with the same seed the loss curve equals ddp's. 
 follows Megatron's rule: rank 0's step seed wherever activations are replicated (so replicas
 stay equal), the rank's own seed inside a split pair (independent masks per slice).
 
-Checkpoints hold the consolidated state (``torch.distributed.checkpoint.state_dict``'s full
-state dicts keyed by parameter name, written by rank 0, re-split on load), so a checkpoint
-loads into any number of workers the plan divides.
+Checkpoints are sharded (:mod:`sparkdist.torchtrain.sharded`, DCP): every rank writes its own
+slices, and a checkpoint loads into any number of workers the plan divides.
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from sparkdist.exceptions import ParamError, TrainingError
+from sparkdist.exceptions import ParamError
 from sparkdist.torchtrain import strategies
 
 if TYPE_CHECKING:
@@ -145,8 +144,11 @@ class Strategy(strategies.Strategy):
         from torch.distributed.device_mesh import DeviceMesh
         from torch.distributed.tensor.parallel import parallelize_module
 
+        from sparkdist.torchtrain.sharded import fresh_dtensor_caches
+
         if self.backend.name != "torch":
             raise ParamError(HOROVOD)
+        fresh_dtensor_caches()  # this reused worker may have held another rank before
         module = module.to(self.device)
         world = self.context.world_size
         plan = plan_of(module, self.args["input_dim"], world)
@@ -252,29 +254,19 @@ class Strategy(strategies.Strategy):
         return _copies(state)
 
     def save_training_state(self, optimizer: Any, where: str) -> dict[str, Any] | None:
-        """The model's and optimizer's full state dicts (by parameter name) on rank 0: one
-        file whatever the number of workers, re-split on load. Collective."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+        """Every rank writes its slices under ``where`` (DCP, through
+        :mod:`sparkdist.torchtrain.sharded`); rank 0 returns where they are and their SHA-256
+        digests. Collective."""
+        from sparkdist.torchtrain import sharded
 
-        model, optim = get_state_dict(self.module, optimizer, options=StateDictOptions(
-            full_state_dict=True, cpu_offload=True))
-        if self.context.rank != 0:
-            return None
-        return {"model": _copies(model), "optimizer": optim}
+        return sharded.save(where, self.module, optimizer)
 
     def load_training_state(self, saved: dict[str, Any], optimizer: Any) -> None:
-        """Every rank takes its slice of the full tensors (no communication)."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+        """Verify the shards' digests, then read this rank's slices (re-split when the
+        checkpoint was written by another number of workers). Collective."""
+        from sparkdist.torchtrain import sharded
 
-        if any(isinstance(key, int) for key in saved["optimizer"].get("state", {})):
-            raise TrainingError("this checkpoint's optimizer state is keyed by position (a "
-                                "whole-model strategy wrote it), not by parameter name as "
-                                "strategy='tensor' writes it; use a new runId or another "
-                                "checkpointDir.")
-        set_state_dict(self.module, optimizer, model_state_dict=saved["model"],
-                       optim_state_dict=saved["optimizer"],
-                       options=StateDictOptions(full_state_dict=True))
-
+        sharded.load(saved, self.module, optimizer)
 
 def _copies(state: Any) -> dict[str, Any]:
     """CPU copies: tensors that were never split come back as the live parameters."""
