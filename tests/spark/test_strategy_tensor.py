@@ -228,6 +228,10 @@ def test_the_plan_pairs_linear_layers_in_call_order_and_refuses_horovod():
     assert (odd.pairs, odd.whole) == ([("layers.0", "layers.2")], ["layers.4"])
     with pytest.raises(ParamError, match="numWorkers=4 ranks.*set numWorkers to a divisor"):
         tensor.plan_of(MLP(input_dim=4, output_dim=1, hidden=[6, 6]), 4, 4)
+    # an elastic restart may use the worker counts that divide the split widths (12 here)
+    usable = tensor.usable({"module": MLP, "module_kwargs": {"hidden": [12, 6]},
+                            "input_dim": 4, "output_dim": 1})
+    assert [world for world in range(1, 13) if usable(world)] == [1, 2, 3, 4, 6, 12]
     spec = {"strategy": "tensor", "backend": "horovod", "input_dim": 4, "num_workers": 2}
     with pytest.raises(ParamError, match="backend='horovod'.*set backend='torch'"):
         check(spec, net)

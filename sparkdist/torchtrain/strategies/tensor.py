@@ -68,6 +68,21 @@ def check(spec: dict[str, Any], module: torch.nn.Module) -> None:
     plan_of(module, spec["input_dim"], spec["num_workers"])
 
 
+def usable(spec: dict[str, Any]) -> Any:
+    """``world -> bool``: whether a launch on ``world`` workers can split the model (each
+    split width a multiple of ``world``), for an elastic restart on fewer workers."""
+    import torch
+
+    from sparkdist.torchtrain.loop import build_module
+
+    module = build_module(spec["module"], spec["module_kwargs"], spec["input_dim"],
+                          spec["output_dim"])
+    calls = _trace(module, spec["input_dim"])
+    linears = [sub for _, sub in calls if isinstance(sub, torch.nn.Linear)]
+    widths = [layer.out_features for layer in linears[0:2 * (len(linears) // 2):2]]
+    return lambda world: all(width % world == 0 for width in widths)
+
+
 def plan_of(module: torch.nn.Module, input_dim: int, world: int) -> Plan:
     """The split of ``module``'s Linear layers over ``world`` ranks, or ParamError."""
     import torch
