@@ -199,6 +199,23 @@ def test_the_fitted_model_saves_loads_and_scores(pipeline_model, ddp_model, data
     assert before == after
 
 
+@pytest.mark.slow
+def test_an_empty_partition_trains_and_validates_without_hanging(data):
+    """All rows on the last stage's rank: each step the first stage gathers them from it
+    (and gives nothing), and validation sends the outputs back to the rank that holds the
+    rows."""
+    from pyspark.sql import functions as F
+
+    skewed = data[0].repartition(2, F.lit(0))  # every row hashes to the same partition
+    assert sorted(skewed.rdd.glom().map(len).collect()) == [0, 4000]
+    model = TorchEstimator(epochs=4, strategy="pipeline", validationFraction=0.2,
+                           modelKwargs={"hidden": [32, 16]}, timeoutSeconds=300,
+                           **SETTINGS).fit(skewed)
+    history = model.history
+    assert history[-1]["loss"] < history[0]["loss"] and history[-1]["val_accuracy"] > 0.8
+    assert _accuracy(model, data[1]) > 0.8
+
+
 class Residual(nn.Module):
     """A skip connection: the output is not the children run one after another."""
 
