@@ -14,7 +14,8 @@ every rank, as do all non-Linear parameters: every rank computes the same gradie
 Tensor-parallel ranks must see the same rows, so each step all-gathers the rows of every
 rank's feed and every rank computes the whole global batch (``batchSize x numWorkers`` rows,
 as under ddp). The loss is the sum over the global batch divided by its rows, so the gradient
-is the global batch's mean, and with the same seed the loss curve equals ddp's. Dropout
+is the global batch's mean: with the same seed the losses equal ddp's to float tolerance
+(the sums run in another order, which Adam amplifies over later epochs). Dropout
 follows Megatron's rule: rank 0's step seed wherever activations are replicated (so replicas
 stay equal), the rank's own seed inside a split pair (independent masks per slice).
 
@@ -128,11 +129,14 @@ def _trace(module: torch.nn.Module, input_dim: int) -> list[tuple[str, torch.nn.
 
 def _check_pair(calls: list[tuple[str, Any]], layers: dict[str, Any], colwise: str,
                 rowwise: str, world: int) -> None:
+    import torch
+
     first, second = layers[colwise], layers[rowwise]
     names = [name for name, _ in calls]
     between = calls[names.index(colwise) + 1:names.index(rowwise)]
+    elementwise = tuple(getattr(torch.nn, kind) for kind in ELEMENTWISE)
     alien = [f"{name!r} ({type(sub).__name__})" for name, sub in between
-             if type(sub).__name__ not in ELEMENTWISE]
+             if not isinstance(sub, elementwise)]
     if alien or first.out_features != second.in_features:
         found = (f"{', '.join(alien)} runs between them" if alien else
                  f"{colwise!r} gives {first.out_features} features, {rowwise!r} takes "
