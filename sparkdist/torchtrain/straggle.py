@@ -2,11 +2,11 @@
 TorchEstimator's fits a straggler, to rehearse what a slow executor does to training
 (``maxStaleness``, bench/communication.py). Not a Param: off unless armed in this process.
 
-The straggler is slow at computing: after each train step it computes (forward, backward,
-optimizer step) it sleeps ``sleep_s`` seconds, plus ``factor - 1`` times the seconds the step
-took (``factor=2``: every step it computes takes twice as long). A step it skips
-(``maxStaleness``: a rank that lags drops a batch to catch up) computes nothing and so
-costs nothing extra.
+The straggler is slow at its own work: after each train step it computes it sleeps
+``sleep_s`` seconds plus ``factor - 1`` times the seconds it spent on that step itself (reading
+the batch, forward, backward, optimizer step; not the time it waited on other ranks), so
+``factor=2`` makes each of its steps take twice as long. A step it skips (``maxStaleness``: a
+rank that lags drops a batch to catch up) computes nothing and so costs nothing extra.
 
 >>> from sparkdist.models import TorchEstimator
 >>> estimator = arm(TorchEstimator(), rank=1, factor=2.0)
@@ -45,10 +45,30 @@ def armed(estimator: Any) -> dict[str, Any] | None:
     return dict(found) if found else None
 
 
-def delay(settings: dict[str, Any] | None, rank: int, step_seconds: float) -> None:
-    """Called by a rank after each step it computed, which took ``step_seconds``."""
-    if settings is None or settings["rank"] != rank:
-        return
-    pause = settings["sleep_s"] + (settings["factor"] - 1.0) * step_seconds
-    if pause > 0:
-        time.sleep(pause)
+class Straggler:
+    """One rank's side of the hook: :meth:`begin` and :meth:`end` around each train step."""
+
+    def __init__(self, settings: dict[str, Any] | None, rank: int) -> None:
+        self.settings = settings if settings and settings["rank"] == rank else None
+        self._started = self._communication = 0.0
+        self._data: float | None = None
+
+    def begin(self, clock: Any) -> None:
+        if self.settings:
+            self._started = time.perf_counter()
+            self._communication = clock.seconds["communication"]
+
+    def end(self, clock: Any, computed: bool) -> None:
+        """After a train step (``clock``: the rank's StepClock, whose data seconds include
+        this step's batch): sleep if it was computed."""
+        if not self.settings:
+            return
+        data = clock.seconds["data"]
+        if computed:
+            busy = (data - self._data if self._data is not None else 0.0) + (
+                time.perf_counter() - self._started) - (
+                clock.seconds["communication"] - self._communication)
+            pause = self.settings["sleep_s"] + (self.settings["factor"] - 1.0) * max(0.0, busy)
+            if pause > 0:
+                time.sleep(pause)
+        self._data = data

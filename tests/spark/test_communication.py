@@ -14,10 +14,11 @@ from sparkdist.datasets import make_nonlinear
 from sparkdist.exceptions import ParamError
 from sparkdist.models import TorchEstimator
 from sparkdist.torchtrain import straggle
+from sparkdist.torchtrain.backends import horovod_available
 
-SETTINGS = {"progress": False, "numWorkers": 2, "batchSize": 64, "learningRate": 0.01,
+SETTINGS = {"progress": False, "numWorkers": 2, "batchSize": 64, "learningRate": 0.003,
             "modelKwargs": {"hidden": [32, 16]}, "seed": 17, "rendezvousTimeoutSeconds": 60}
-EPOCHS = 10
+EPOCHS = 16
 MODES = {"fp16": {"gradientCompression": "fp16"},
          "bf16": {"gradientCompression": "bf16"},
          "powersgd": {"gradientCompression": "powersgd", "powerSgdRank": 2},
@@ -113,6 +114,17 @@ def test_a_straggler_skips_steps_under_bounded_staleness(data, holdout, ddp):
     ranks = model.trainingSummary["ranks"]
     assert ranks[1]["skipped_steps"] > max(2, ranks[0]["skipped_steps"]), ranks
     assert _accuracy(model, holdout) > _accuracy(ddp, holdout) - 0.03
+
+
+@pytest.mark.slow
+@pytest.mark.horovod
+@pytest.mark.skipif(not horovod_available(), reason="horovod.torch is not importable")
+def test_horovod_fp16_compression_applies_and_trains(data, holdout, ddp):
+    settings = {**SETTINGS, "backend": "horovod", "epochs": EPOCHS}
+    fp16 = TorchEstimator(gradientCompression="fp16", **settings).fit(data)
+    plain = TorchEstimator(**settings).fit(data)
+    assert not _same_weights(fp16, plain)  # the gradients did travel as float16
+    assert abs(_accuracy(fp16, holdout) - _accuracy(ddp, holdout)) <= 0.01
 
 
 RESUMED = {"fp16": MODES["fp16"], "powersgd": MODES["powersgd"],

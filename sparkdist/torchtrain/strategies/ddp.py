@@ -12,7 +12,6 @@ sleeps after each step it computes.
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any
 
 from sparkdist.torchtrain import compression, localsgd, straggle, strategies
@@ -34,6 +33,7 @@ class Strategy(strategies.Strategy):
         self.hook: compression.GradientHook | None = None
         self.local: localsgd.LocalSGD | None = None
         self._dirty = False  # local steps taken since the ranks last held the same model
+        self.straggler = straggle.Straggler(self.args.get("straggle"), self.context.rank)
 
     def setup(self, module: torch.nn.Module) -> None:
         """DDP broadcasts rank 0's weights when it wraps the module (Horovod: a broadcast)."""
@@ -64,8 +64,11 @@ class Strategy(strategies.Strategy):
         """A DDP step (the warm-up, or always without local steps); else a local step on this
         rank's rows (its own mean gradient), skipped when bounded staleness says so."""
         call, self.calls = self.calls, self.calls + 1
+        self.straggler.begin(self.clock)
         if self.local is None or call < self.args.get("sync_warmup_steps", 0):
-            return self._step(self.model, features, label, scale, optimizer)
+            loss = self._step(self.model, features, label, scale, optimizer)
+            self.straggler.end(self.clock, True)
+            return loss
         compute = self.local.compute(call)
         if not compute:
             self.clock.skipped()
@@ -74,6 +77,7 @@ class Strategy(strategies.Strategy):
             loss = self._step(self.module, features, label, 1.0 / rows, optimizer)
         else:
             loss = features.new_zeros(())
+        self.straggler.end(self.clock, compute and rows > 0)
         self._dirty = not self.local.after_step(call, compute and rows > 0)
         return loss
 
@@ -81,15 +85,12 @@ class Strategy(strategies.Strategy):
               optimizer: Any) -> torch.Tensor:
         from sparkdist.torchtrain.loop import loss_sum
 
-        started = time.perf_counter()
         output = model(features)
         loss = loss_sum(self.args["loss_fn"], output, label)
         optimizer.zero_grad()
         (loss * scale).backward()
         self.clock.backward_done()
         optimizer.step()
-        straggle.delay(self.args.get("straggle"), self.context.rank,
-                       time.perf_counter() - started)
         return loss.detach()
 
     def _same_model(self, optimizer: Any = None) -> None:
