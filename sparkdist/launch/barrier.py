@@ -101,6 +101,9 @@ class BarrierSettings:
     #: Gather the rendezvous through the driver's report socket, not Spark's allGather (set
     #: by :func:`run_barrier` where every executor reaches the driver: local masters).
     driver_rendezvous: bool = False
+    #: Which launch of the fit this stage is (0, then 1, 2... where an elastic fit re-plans):
+    #: the driver drops the reports of an earlier launch's ranks.
+    launch: int = 0
 
 
 @dataclass(frozen=True)
@@ -166,6 +169,8 @@ class WorkerContext:
                            hosts=tuple(peer["host"] for peer in peers),
                            executors=tuple(peer["executor"] for peer in peers))
         self.placement = found.placement()
+        if self.rank == 0:  # the driver's worker-count history: one entry per attempt
+            self.report({"started": self.world_size, "launch": self.settings.launch})
         return found
 
     def _gather_via_driver(self, message: str) -> list[str]:
@@ -229,7 +234,8 @@ class WorkerContext:
             return
         self._failure_reported = True
         record: dict[str, Any] = {"failure": self.failure_message(err), "rank": self.rank,
-                                  "attempt": self.attempt_key, "world_size": self.world_size}
+                                  "attempt": self.attempt_key, "world_size": self.world_size,
+                                  "launch": self.settings.launch}
         if type(err) in INPUT_ERRORS:
             record["input_error"] = {"type": type(err).__name__, "message": str(err)}
         with contextlib.suppress(OSError), \
@@ -258,7 +264,7 @@ def run_barrier(df: DataFrame, worker: Worker, args: dict[str, Any], num_workers
                 settings: BarrierSettings | None = None, timeout_s: float | None = None,
                 description: str = "sparkdist barrier stage",
                 on_report: Callable[[dict[str, Any]], None] | None = None,
-                max_retries: int | None = None) -> bytes:
+                max_retries: int | None = None, elastic: Any = None) -> bytes:
     """Run ``worker`` in ``num_workers`` barrier tasks over ``df``; return rank 0's bytes.
 
     Parameters
@@ -273,6 +279,9 @@ def run_barrier(df: DataFrame, worker: Worker, args: dict[str, Any], num_workers
     on_report : called in a driver thread with each progress record rank 0 sends.
     max_retries : give up once this many retries of the stage have failed as well (None:
         Spark's own limit, ``spark.stage.maxConsecutiveAttempts``).
+    elastic : a :class:`sparkdist.launch.elastic.ElasticPlan` (minWorkers, slotWaitSeconds):
+        a restart finding fewer task slots than ``num_workers`` re-plans the fit on the slots
+        there are (classic Spark); None: Spark's retries only, however long they wait.
 
     Raises
     ------
@@ -290,10 +299,9 @@ def run_barrier(df: DataFrame, worker: Worker, args: dict[str, Any], num_workers
     """
     settings = settings or BarrierSettings()
     spark = df.sparkSession
-    tag = f"sparkdist-{uuid.uuid4().hex[:12]}"  # the job group (classic) or tag (Connect)
-    attempts = _Attempts(max_retries, functools.partial(_cancel, spark, tag))
+    fit = _Fit(max_retries, on_report, elastic)
     token = secrets.token_hex(16)  # reaches the tasks inside the task closure, via Spark
-    with _report_server(_driver_host(df), token, _dispatcher(on_report, attempts),
+    with _report_server(_driver_host(df), token, fit.dispatch,
                         max_connections=2 * num_workers + 4) as address:
         if address is None and is_connect(spark) and max_retries is not None:
             _LOG.warning("%s: the executors cannot reach this Spark Connect client, so "
@@ -303,14 +311,77 @@ def run_barrier(df: DataFrame, worker: Worker, args: dict[str, Any], num_workers
                                            "report_token": token,
                                            "driver_rendezvous": address is not None
                                            and _local_master(spark)})
-        task = functools.partial(_barrier_task, worker, args, task_settings)
-        stage = (_with_partitions(df, num_workers)
-                 .mapInArrow(task, _RESULT_SCHEMA, barrier=True)
-                 .repartition(1))  # a shuffle after the barrier stage: Spark retries it
-        rows = _collect(stage, tag, description, timeout_s, attempts)
+        launch = functools.partial(_launch, df, worker, task_settings, description, fit)
+        if elastic is None:
+            rows = launch(args, num_workers, timeout_s, 0)
+        else:
+            from sparkdist.launch.elastic import supervise
+
+            rows = supervise(spark, launch, args, num_workers, elastic, timeout_s, fit)
     if not rows:
         raise TrainingError("the barrier stage finished but rank 0 returned no result.")
     return b"".join(row["payload"] for row in sorted(rows, key=lambda row: row["part"]))
+
+
+@dataclass
+class Launch:
+    """One barrier job of a fit: the first, or a re-planned one of an elastic fit (a new
+    job over ``world`` partitions, job group / tag ``tag``)."""
+
+    number: int
+    world: int
+    tag: str
+    attempts: _Attempts
+    #: Set by the elastic supervisor before it cancels the job: why (see elastic.py).
+    outcome: Any = None
+
+
+class _Fit:
+    """What one fit's report socket routes, across its launches: failure reports to the
+    current launch's :class:`_Attempts` (an earlier launch's late reports are dropped),
+    rank 0's attempt-started records to the worker-count history, progress to
+    ``on_report``."""
+
+    def __init__(self, max_retries: int | None,
+                 on_report: Callable[[dict[str, Any]], None] | None, elastic: Any) -> None:
+        self.max_retries, self.on_report, self.elastic = max_retries, on_report, elastic
+        self.current: Launch | None = None
+        #: Failed attempts of the launches before the current one (maxRetries spans them).
+        self.failed_before = 0
+        #: The world size of each attempt that reached its rendezvous, in order (the elastic
+        #: plan's list, where there is one: the caller reads it there).
+        self.worker_counts: list[int] = elastic.worker_counts if elastic is not None else []
+
+    def dispatch(self, record: dict[str, Any]) -> None:
+        current = self.current
+        if current is None or int(record.get("launch", current.number)) != current.number:
+            return  # a rank of a cancelled launch, reporting late
+        if "failure" in record:
+            current.attempts.record(record)
+        elif "started" in record:
+            self.worker_counts.append(int(record["started"]))
+            if self.elastic is not None:
+                self.elastic.note(f"rendezvous of {record['started']} done")
+        elif self.on_report is not None:
+            self.on_report(record)
+
+
+def _launch(df: DataFrame, worker: Worker, settings: BarrierSettings, description: str,
+            fit: _Fit, args: dict[str, Any], world: int, timeout_s: float | None,
+            number: int) -> list[Any]:
+    """Run one barrier job of ``world`` tasks over ``df`` (repartitioned to ``world``) and
+    collect rank 0's rows; ``fit.current`` describes it while it runs."""
+    spark = df.sparkSession
+    tag = f"sparkdist-{uuid.uuid4().hex[:12]}"  # the job group (classic) or tag (Connect)
+    attempts = _Attempts(fit.max_retries, functools.partial(_cancel, spark, tag),
+                         failed_before=fit.failed_before)
+    fit.current = Launch(number, world, tag, attempts)
+    task = functools.partial(_barrier_task, worker, args,
+                             BarrierSettings(**{**settings.__dict__, "launch": number}))
+    stage = (_with_partitions(df, world)
+             .mapInArrow(task, _RESULT_SCHEMA, barrier=True)
+             .repartition(1))  # a shuffle after the barrier stage: Spark retries it
+    return _collect(stage, tag, description, timeout_s, attempts)
 
 
 class _Attempts:
@@ -321,14 +392,23 @@ class _Attempts:
     Spark the status tracker is watched as well (:meth:`watch`), for attempts whose ranks all
     died without a word (SIGKILL); Spark Connect has no status tracker."""
 
-    def __init__(self, max_retries: int | None, cancel: Callable[[], None]) -> None:
+    def __init__(self, max_retries: int | None, cancel: Callable[[], None],
+                 failed_before: int = 0) -> None:
         self.max_retries, self.cancel = max_retries, cancel
         self.last: str | None = None
         #: A rank's report that the input is bad: raised as is, no retry.
         self.input_error: SchemaError | ParamError | None = None
         self._attempt = -1
-        self._failed = 0
+        #: Failed attempts, counting those of a fit's earlier launches (elastic re-plans).
+        self._failed = self.failed_before = failed_before
+        #: The highest stage attempt number seen by :meth:`watch` (0: the first).
+        self.stage_attempt = 0
         self.gave_up = False
+
+    @property
+    def failed(self) -> int:
+        """Failed attempts so far, this launch's (reported or seen retried) and before."""
+        return max(self._failed, self.failed_before + self.stage_attempt)
 
     def record(self, record: dict[str, Any]) -> None:
         """Keep the first failure of the newest stage attempt: the root cause, where the ranks
@@ -367,7 +447,9 @@ class _Attempts:
             except Exception as err:  # a py4j hiccup must not end the watch
                 _LOG.debug("status tracker poll failed: %s", err)
                 continue
-            if any(info and info.currentAttemptId > self.max_retries for info in infos):
+            self.stage_attempt = max([self.stage_attempt] + [
+                info.currentAttemptId for info in infos if info])
+            if self.failed > self.max_retries:
                 self.give_up()
 
     def error(self, description: str) -> TrainingError:
@@ -573,16 +655,6 @@ def _cancel(spark: Any, tag: str) -> None:
             spark.sparkContext.cancelJobGroup(tag)
     except Exception as err:
         _LOG.warning("could not cancel the sparkdist jobs %s: %s", tag, err)
-
-
-def _dispatcher(on_report: Callable[[dict[str, Any]], None] | None,
-                attempts: _Attempts) -> Callable[[dict[str, Any]], None]:
-    def dispatch(record: dict[str, Any]) -> None:
-        if "failure" in record:
-            attempts.record(record)
-        elif on_report is not None:
-            on_report(record)
-    return dispatch
 
 
 class _Gate:

@@ -430,6 +430,13 @@ def _is_true(value: str | None) -> bool:
     return (value or "").strip().lower() == "true"
 
 
+def live_slots(spark: SparkSession) -> int | None:
+    """The task slots of the executors registered right now, as the barrier scheduler counts
+    them (no wait, no fallback to the configuration); None where the scheduler cannot be
+    asked (Spark Connect). What an elastic fit re-plans on."""
+    return _scheduler_slots(spark)
+
+
 def _scheduler_slots(spark: SparkSession) -> int | None:
     """Ask the scheduler (classic Spark only), as its barrier check does; None elsewhere."""
     try:

@@ -1,14 +1,31 @@
 """Driver side of a TorchEstimator fit: the barrier stage of :func:`loop.fit_worker` over the
-prepared data, with a progress bar fed by rank 0's per-epoch reports."""
+prepared data, with a progress bar fed by rank 0's per-epoch reports.
+
+Elastic fits (``minWorkers`` < ``numWorkers``, :mod:`sparkdist.launch.elastic`): a restart that
+finds fewer task slots re-plans on ``world`` workers, and keeps the GLOBAL batch: each worker
+takes ``ceil(batchSize x numWorkers / world)`` rows a step, so an epoch keeps its number of
+steps (exactly, where ``world`` divides ``batchSize x numWorkers``; at most one step fewer
+otherwise), the learning rate stays as it was (no rescaling: the same global batch), and a
+mid-epoch checkpoint's step number still means the same share of the epoch. The data is
+repartitioned across the new workers, so the rest of an epoch resumed mid-way on another world
+size draws its rows from the new shards: epoch boundaries are exact, a resumed partial epoch
+sees about the share of rows it has left, not the very same rows. The history of worker counts
+(one entry per attempt that started training, e.g. ``[3, 2]``) lands in the result header as
+``worker_counts`` (``TorchModel.trainingSummary``).
+"""
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
+import math
 from typing import Any
 
 from pyspark.sql import DataFrame
 
 from sparkdist.launch.barrier import BarrierSettings, run_barrier
+from sparkdist.launch.elastic import ElasticPlan
 from sparkdist.torchtrain import loop
 
 _LOG = logging.getLogger("sparkdist.models.torch")
@@ -22,11 +39,45 @@ def train(prepared: DataFrame, spec: dict[str, Any], get: Any) -> bytes:
                                env=_local_env(prepared))
     description = (f"sparkdist TorchEstimator: {spec['epochs']} epochs on "
                    f"{spec['num_workers']} workers")
-    with _Progress(spec["epochs"], enabled=get("progress")) as progress:
-        return run_barrier(prepared, loop.fit_worker, spec, spec["num_workers"],
-                           settings=settings, timeout_s=get("timeoutSeconds"),
-                           description=description, on_report=progress.update,
-                           max_retries=get("maxRetries"))
+    plan = ElasticPlan(min_workers=spec.get("min_workers") or spec["num_workers"],
+                       slot_wait_s=spec.get("slot_wait_s", 300.0), for_world=for_world,
+                       usable=_usable(spec))
+    with _Progress(spec["epochs"], enabled=get("progress"), plan=plan) as progress:
+        payload = run_barrier(prepared, loop.fit_worker, spec, spec["num_workers"],
+                              settings=settings, timeout_s=get("timeoutSeconds"),
+                              description=description, on_report=progress.update,
+                              max_retries=get("maxRetries"), elastic=plan)
+    _LOG.info("sparkdist TorchEstimator timeline: %s", plan.timeline)
+    return with_header(payload, worker_counts=plan.worker_counts or [spec["num_workers"]])
+
+
+def for_world(spec: dict[str, Any], world: int) -> dict[str, Any]:
+    """The spec of a launch on ``world`` workers: the global batch of ``numWorkers`` workers
+    kept (module docstring)."""
+    global_batch = spec["batch_size"] * spec["num_workers"]
+    return {**spec, "num_workers": world, "batch_size": math.ceil(global_batch / world)}
+
+
+def _usable(spec: dict[str, Any]) -> Any:
+    """Which worker counts the strategy can run on: a multiple of the pipeline stages for
+    ``pipeline``, any for the others."""
+    if spec.get("strategy") == "pipeline":
+        stages = int(spec.get("pipeline_stages") or spec["num_workers"])
+        return functools.partial(_multiple_of, stages)
+    return lambda world: True
+
+
+def _multiple_of(stages: int, world: int) -> bool:
+    return world % stages == 0
+
+
+def with_header(payload: bytes, **extra: Any) -> bytes:
+    """``payload`` (``loop.pack_result``) with ``extra`` added to its JSON header; the
+    tensors' bytes are passed on untouched."""
+    size = int.from_bytes(payload[:8], "big")
+    header = {**json.loads(payload[8:8 + size]), **extra}
+    head = json.dumps(header).encode()
+    return len(head).to_bytes(8, "big") + head + payload[8 + size:]
 
 
 def _local_env(df: DataFrame) -> dict[str, str]:
@@ -43,8 +94,8 @@ def _local_env(df: DataFrame) -> dict[str, str]:
 class _Progress:
     """A tqdm bar over epochs on the driver, fed by rank 0's reports (also logged)."""
 
-    def __init__(self, epochs: int, enabled: bool) -> None:
-        self.epochs, self.enabled, self.bar = epochs, enabled, None
+    def __init__(self, epochs: int, enabled: bool, plan: ElasticPlan | None = None) -> None:
+        self.epochs, self.enabled, self.bar, self.plan = epochs, enabled, None, plan
 
     def __enter__(self) -> _Progress:
         if self.enabled:
@@ -55,6 +106,8 @@ class _Progress:
 
     def update(self, record: dict[str, Any]) -> None:
         _LOG.info("epoch %s/%s: %s", record.get("epoch"), self.epochs, record)
+        if self.plan is not None:
+            self.plan.note(f"epoch {record.get('epoch')} reported")
         if self.bar is not None:
             self.bar.n = int(record.get("epoch", 0))
             self.bar.set_postfix({k: f"{v:.4g}" for k, v in record.items()
