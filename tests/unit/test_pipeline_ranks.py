@@ -91,7 +91,7 @@ def _job_gradients(rank, world, out):
 def _job_two_by_two(rank, world, out):
     strategy, optimizer = _strategy(rank, world, _args(2, 2, "1f1b"))
     _train(strategy, optimizer, rank, world, SIZES_2X2)
-    saved = strategy.save_training_state(optimizer, f"{out}/unused")
+    saved = strategy.save_training_state(optimizer, f"{out}/shards")
     state = strategy.full_state()
     strategy.module.eval()
     with torch.no_grad():
@@ -223,3 +223,27 @@ def test_a_two_by_two_checkpoint_resumes_in_another_layout(two_by_two, out):
     # and the step moved the weights (a resume that lost Adam's moments would differ)
     before = two_by_two[0]["state"]
     assert not torch.equal(before["layers.0.weight"], state["layers.0.weight"])
+
+
+@pytest.mark.slow
+def test_the_checkpoint_is_a_file_per_stage_checked_on_reading(two_by_two, out):
+    from sparkdist.exceptions import TrainingError
+    from sparkdist.torchtrain.strategies import pipeline
+
+    saved = two_by_two[0]["saved"]
+    assert saved["format"] == pipeline.FORMAT and saved["where"] == f"{out}/shards"
+    assert sorted(os.listdir(saved["where"])) == [entry["file"] for entry in saved["stages"]] == [
+        "stage-0000-of-0002.pt", "stage-0001-of-0002.pt"]
+    assert saved["stages"][1]["names"] == ["layers.4.weight", "layers.4.bias",
+                                           "layers.6.weight", "layers.6.bias"]
+    # a stage reads only the files holding its names
+    read = pipeline._read_stage_files(saved, {"layers.6.bias"})
+    assert list(read["model"]) == saved["stages"][1]["names"]
+    path = f"{saved['where']}/stage-0001-of-0002.pt"
+    data = bytearray(open(path, "rb").read())
+    data[-20] ^= 0xFF
+    with open(path, "wb") as damaged:
+        damaged.write(data)
+    with pytest.raises(TrainingError, match="does not hold the bytes its checkpoint recorded"):
+        pipeline._read_stage_files(saved, {"layers.6.bias"})
+    assert pipeline._read_stage_files(saved, {"layers.0.bias"})["model"]  # the other is fine

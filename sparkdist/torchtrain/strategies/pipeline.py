@@ -26,14 +26,17 @@ Loss semantics: the last stage sums the loss over a round's real rows; after the
 stage scales its gradients by ``1 / rows in this global step`` and sums them over its replicas,
 so the gradient is exactly the mean over the global batch, as under ``ddp``.
 
-Results: ``full_state`` and checkpoints gather the stages of replica 0 on rank 0 and merge
-them by parameter name (the stages keep the model's names), so ``TorchModel`` holds the whole
-model, and a checkpoint (model and optimizer state keyed by parameter name) loads into another
-split, another number of stages, or ``ddp``'s whole-model layout and back.
+Results: ``full_state`` gathers the stages of replica 0 on rank 0 and merges them by
+parameter name (the stages keep the model's names), so ``TorchModel`` holds the whole model.
+A checkpoint is one file per stage (model and optimizer state keyed by parameter name,
+written by the stage itself, checked by SHA-256 on reading), indexed in the checkpoint rank 0
+commits; it loads into another split, another number of stages or workers, and a whole-model
+(``ddp``) checkpoint loads into stages.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import math
 from typing import TYPE_CHECKING, Any
@@ -44,8 +47,9 @@ from sparkdist.torchtrain import strategies
 if TYPE_CHECKING:
     import torch
 
-#: The ``format`` of the training state this strategy writes into checkpoints.
-FORMAT = "pipeline-by-name"
+#: The ``format`` of the training state this strategy puts into checkpoints: an index of one
+#: file per stage.
+FORMAT = "pipeline-stage-files"
 
 
 def check(spec: dict[str, Any], module: torch.nn.Module) -> None:
@@ -148,11 +152,14 @@ class Strategy(strategies.Strategy):
         mine = sizes[self.replica * self.stages:(self.replica + 1) * self.stages]
         inputs = self._gather_rows(features.reshape(len(features), self.args["input_dim"]), mine, 0)
         labels = self._gather_rows(label.reshape(-1), mine, self.stages - 1)
+        self.clock.tock("communication")  # the batch sizes and the rows to their stages
         optimizer.zero_grad()
         losses: list[torch.Tensor] = []
         for start in range(0, self._rounds(sizes) * self.rows, self.rows):
             losses += self._train_round(inputs, labels, start)
+        self.clock.tock("compute")  # the stages' sends and receives included
         self._reduce_gradients(scale / self.context.world_size)
+        self.clock.tock("communication")
         optimizer.step()
         if not losses:
             return torch.zeros((), dtype=torch.float64, device=self.device)
@@ -303,35 +310,42 @@ class Strategy(strategies.Strategy):
         return {name: value for part in parts for name, value in part["model"].items()}
 
     def save_training_state(self, optimizer: Any, where: str) -> dict[str, Any] | None:
-        """The whole model's state dict and its optimizer state keyed by parameter name, on
-        rank 0 (gathered from replica 0's stages; the replicas hold the same): it loads into
-        any split and into ``ddp``."""
-        parts = self._collect({"model": _cpu(self.module.state_dict()),
-                               "optimizer": named_optimizer_state(optimizer, self.module)})
+        """Each stage of replica 0 writes its model and optimizer state, keyed by parameter
+        name, into a file of its own under ``where`` (atomically, through the store); rank 0
+        returns the index of the files (name, SHA-256, the names each holds), which the loop
+        commits in the checkpoint. No rank holds more than its stage. Collective."""
+        from sparkdist import store
+
+        entry = None
+        if self.replica == 0:  # the replicas hold the same
+            data = _to_bytes({"model": _cpu(self.module.state_dict()),
+                              "optimizer": named_optimizer_state(optimizer, self.module)})
+            name = f"stage-{self.stage:04d}-of-{self.stages:04d}.pt"
+            store.write_bytes(f"{where}/{name}", data)  # replaces what a killed save left
+            entry = {"file": name, "sha256": hashlib.sha256(data).hexdigest(),
+                     "names": list(self.module.state_dict())}
+        parts = self._collect(entry) if entry is not None else None
         if parts is None:
             return None
-        groups = [{**group, "params": [name for part in parts
-                                       for name in part["optimizer"]["param_groups"][g]["params"]]}
-                  for g, group in enumerate(parts[0]["optimizer"]["param_groups"])]
-        return {"format": FORMAT,
-                "model": {k: v for part in parts for k, v in part["model"].items()},
-                "optimizer": {"state": {k: v for part in parts
-                                        for k, v in part["optimizer"]["state"].items()},
-                              "param_groups": groups}}
+        return {"format": FORMAT, "where": where, "stages": parts}
 
     def load_training_state(self, saved: dict[str, Any], optimizer: Any) -> None:
-        """This stage's part of a checkpoint written by any split (or by ``ddp``)."""
+        """This stage's part of a checkpoint written by any split (only the stage files that
+        hold its names are read, each checked against its SHA-256), or of a whole-model one
+        (``ddp``'s: its optimizer state by position)."""
         wanted = list(self.module.state_dict())
+        if saved.get("format") == FORMAT:
+            saved = _read_stage_files(saved, set(wanted))
+        else:
+            saved = {"model": saved["model"], "optimizer": by_name(saved["optimizer"],
+                                                                   self.all_names)}
         missing = [name for name in wanted if name not in saved["model"]]
         if missing:
             raise TrainingError(f"the checkpoint has no {', '.join(missing[:5])} for pipeline "
                                 f"stage {self.stage}: it was written for another model; use "
                                 f"a new runId or another checkpointDir.")
         self.module.load_state_dict({name: saved["model"][name] for name in wanted})
-        named = saved["optimizer"]
-        if saved.get("format") != FORMAT:  # ddp's: whole-model optimizer, by position
-            named = by_name(named, self.all_names)
-        load_named_optimizer_state(optimizer, self.module, named)
+        load_named_optimizer_state(optimizer, self.module, saved["optimizer"])
 
     def _collect(self, payload: dict[str, Any]) -> list[dict[str, Any]] | None:
         """``payload`` of every stage of replica 0, in stage order, on rank 0 (None on every
@@ -347,9 +361,7 @@ class Strategy(strategies.Strategy):
         import torch
         import torch.distributed as dist
 
-        buffer = io.BytesIO()
-        torch.save(payload, buffer)
-        data = torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+        data = torch.frombuffer(bytearray(_to_bytes(payload)), dtype=torch.uint8)
         dist.send(torch.tensor([data.numel()], device=self.device), dst=destination)
         dist.send(data.to(self.device), dst=destination)
 
@@ -361,7 +373,49 @@ class Strategy(strategies.Strategy):
         dist.recv(size, src=source)
         data = torch.empty(int(size[0]), dtype=torch.uint8, device=self.device)
         dist.recv(data, src=source)
-        return torch.load(io.BytesIO(data.cpu().numpy().tobytes()), weights_only=True)
+        return _from_bytes(data.cpu().numpy().tobytes())
+
+
+def _to_bytes(payload: dict[str, Any]) -> bytes:
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    return buffer.getvalue()
+
+
+def _from_bytes(data: bytes) -> Any:
+    """Tensors and plain values only: ``weights_only`` never unpickles other classes."""
+    import torch
+
+    return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+
+
+def _read_stage_files(saved: dict[str, Any], wanted: set[str]) -> dict[str, Any]:
+    """The model and optimizer state (by name) of the stage files that hold any of
+    ``wanted``, each checked against the SHA-256 the checkpoint recorded."""
+    from sparkdist import store
+
+    model: dict[str, Any] = {}
+    optimizer: dict[str, Any] = {"state": {}, "param_groups": []}
+    for entry in saved["stages"]:
+        if not wanted & set(entry["names"]):
+            continue
+        url = f"{saved['where']}/{entry['file']}"
+        try:
+            data = store.read_bytes(url)
+        except FileNotFoundError as err:
+            raise TrainingError(f"the checkpoint's stage file {url} is missing; the "
+                                f"checkpoint cannot be resumed from: use a new runId.") from err
+        if hashlib.sha256(data).hexdigest() != entry["sha256"]:
+            raise TrainingError(f"the checkpoint's stage file {url} does not hold the bytes "
+                                f"its checkpoint recorded (damaged or replaced): use a new "
+                                f"runId or another checkpointDir.")
+        part = _from_bytes(data)
+        model.update(part["model"])
+        optimizer["state"].update(part["optimizer"]["state"])
+        optimizer["param_groups"] = optimizer["param_groups"] or part["optimizer"]["param_groups"]
+    return {"model": model, "optimizer": optimizer}
 
 
 # ---------------------------------------------------------------------- optimizer by name
