@@ -35,11 +35,18 @@ def budget_conf(budget_mb: int) -> dict[str, str]:
     return {"spark.executor.pyspark.memory": f"{int(budget_mb)}m"}
 
 
-def budget_session(budget_mb: int, workers: int = 2, executor_heap_mb: int = 1024,
-                   conf: dict[str, str] | None = None) -> Any:
+def budget_session(budget_mb: int, workers: int = 2, executor_heap_mb: int = 2048,
+                   driver_heap_mb: int = 3072, conf: dict[str, str] | None = None) -> Any:
     """A new ``local-cluster[workers,1,executor_heap_mb]`` SparkSession whose Python
     workers may each map at most ``budget_mb`` MiB. Stops the active session first (one
-    SparkContext per process): call it from a driver of its own."""
+    SparkContext per process): call it from a driver of its own.
+
+    The fitted weights travel from rank 0 through its executor's JVM to the driver's, so
+    both heaps must hold a few copies of them: ``executor_heap_mb`` and
+    ``driver_heap_mb`` (applied only when this call starts the driver's JVM)."""
+    import os
+
+    from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
     from sparkdist.session import get_spark
@@ -47,6 +54,11 @@ def budget_session(budget_mb: int, workers: int = 2, executor_heap_mb: int = 102
     active = SparkSession.getActiveSession()
     if active is not None:
         active.stop()
+    if SparkContext._gateway is None:  # the driver's JVM starts with this session
+        # a builder's spark.driver.memory comes too late for the JVM's heap; the launcher's
+        # arguments do not
+        os.environ.setdefault("PYSPARK_SUBMIT_ARGS",
+                              f"--driver-memory {driver_heap_mb}m pyspark-shell")
     settings = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": str(workers),
                 **budget_conf(budget_mb), **(conf or {})}
     return get_spark(master=f"local-cluster[{workers},1,{executor_heap_mb}]",

@@ -114,12 +114,16 @@ class Strategy(strategies.Strategy):
 
     def full_state(self) -> dict[str, Any] | None:
         """The consolidated state dict, gathered unit by unit to rank 0's CPU memory (the
-        other ranks get nothing). Collective."""
+        other ranks get nothing). Collective. The gradients are dropped first (the next step
+        starts with ``zero_grad``, which drops them anyway): rank 0 needs room for the whole
+        model here, and after the last epoch for its serialised copies too."""
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
             get_model_state_dict,
         )
 
+        for parameter in self.module.parameters():
+            parameter.grad = None
         state: dict[str, Any] = get_model_state_dict(self.module, options=StateDictOptions(
             full_state_dict=True, cpu_offload=True))
         if self.context.rank != 0:
