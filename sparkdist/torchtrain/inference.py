@@ -5,8 +5,8 @@ Classifiers return MLlib's columns (prediction, probability, rawPrediction).
 ``quantization='int8'``: once per task, after loading the float32 weights, the network's
 ``nn.Linear`` layers get int8 weights (per output channel) and quantize their input per row at
 each call (dynamic quantization), with torchao's ``quantize_`` and
-``Int8DynamicActivationInt8WeightConfig``: the API torch 2.13 points to, whose own
-``torch.ao.quantization.quantize_dynamic`` warns that it is deprecated. The rest of the
+``Int8DynamicActivationInt8WeightConfig``: the API that torch 2.13 names as the successor
+when its own ``torch.ao.quantization.quantize_dynamic`` warns it is deprecated. The rest of the
 network (activations, other layers) stays float32. Int8 scoring runs on the CPU, also in a
 task that has a GPU (no GPU is claimed). A row's output does not depend on the other rows of
 its batch, so int8 scores are reproducible.
