@@ -64,7 +64,8 @@ def _rank(rank, world, store, job, out):
                 optimizer.zero_grad()
                 loss.backward()
                 optimizer.step()
-            result["saved"] = sharded.save(f"{out}/shards", model, optimizer)
+            where = os.environ.get("SHARDS_URL", f"{out}/shards")
+            result["saved"] = sharded.save(where, model, optimizer)
             result["bytes"] = sharded.local_state_bytes(model, optimizer)
         else:
             saved = torch.load(f"{out}/saved.pt", weights_only=True)
@@ -151,6 +152,39 @@ def test_a_damaged_shard_is_refused_before_it_is_read(written, tmp_path):
     codes, errors = _run(1, "load", copy, "tamper")
     assert codes == [1]
     assert "__1_0.distcp is damaged (SHA-256)" in errors[0]
+
+
+@pytest.mark.slow
+def test_sharded_checkpoints_on_s3(tmp_path, monkeypatch):
+    """The same on an object store: a moto S3 server of this test's own (s3fs, DCP's fsspec
+    writer and reader)."""
+    moto_server = pytest.importorskip("moto.server")
+    s3fs = pytest.importorskip("s3fs")
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
+        fs = s3fs.S3FileSystem(skip_instance_cache=True, use_listings_cache=False)
+        fs.mkdir("shards-bucket")
+        monkeypatch.setenv("SHARDS_URL", "s3://shards-bucket/run/shards-0000000001-0000000000")
+        out = str(tmp_path)
+        codes, errors = _run(2, "save", out, "s3save")
+        assert codes == [0, 0], errors
+        first = torch.load(f"{out}/save-2-0.pt", weights_only=True)
+        assert sorted(p.rsplit("/", 1)[1] for p in fs.ls(
+            "shards-bucket/run/shards-0000000001-0000000000")) == sorted(first["saved"]["files"])
+        torch.save(first["saved"], f"{out}/saved.pt")
+        codes, errors = _run(1, "load", out, "s3load")
+        assert codes == [0], errors
+        loaded = torch.load(f"{out}/load-1-0.pt", weights_only=True)["full"][0]
+        assert all(torch.equal(loaded[name], first["full"][0][name]) for name in loaded)
+    finally:
+        server.stop()
 
 
 class _Hostile:
