@@ -16,7 +16,7 @@ from sparkdist.models import TorchEstimator, TorchModel
 
 SETTINGS = {"progress": False, "batchSize": 100, "learningRate": 0.01, "numWorkers": 2,
             "modelKwargs": {"hidden": [32, 16], "dropout": 0.1}, "seed": 7,
-            "rendezvousTimeoutSeconds": 60}
+            "rendezvousTimeoutSeconds": 60, "validationFraction": 0.1}
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +56,10 @@ def test_fsdp_follows_ddps_loss_curve_and_reaches_its_accuracy(ddp_model, fsdp_m
     fsdp_losses = [epoch["loss"] for epoch in fsdp_model.history]
     assert len(fsdp_losses) == 4 and fsdp_losses[-1] < 0.7 * fsdp_losses[0]
     assert fsdp_losses == pytest.approx(ddp_losses, rel=1e-5)
+    # validation runs the sharded forward on every rank; the best epoch's weights are kept
+    assert [epoch["val_loss"] for epoch in fsdp_model.history] == pytest.approx(
+        [epoch["val_loss"] for epoch in ddp_model.history], rel=1e-5)
+    assert fsdp_model.trainingSummary["best_epoch"] == ddp_model.trainingSummary["best_epoch"]
     ddp_accuracy, fsdp_accuracy = _accuracy(ddp_model, data[1]), _accuracy(fsdp_model, data[1])
     assert ddp_accuracy > 0.8 and fsdp_accuracy >= ddp_accuracy - 0.01
 
