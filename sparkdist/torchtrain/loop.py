@@ -176,21 +176,31 @@ def make_optimizer(name: str, parameters: Any, learning_rate: float,
 
 
 def pack_result(state_dict: dict[str, Any], header: dict[str, Any]) -> bytes:
-    """JSON header + ``torch.save``d tensors: loadable with ``weights_only=True``."""
+    """Header length, JSON header, ``torch.save``d tensors (loadable with
+    ``weights_only=True``), then the tensors' byte count: a result cut short on its way to the
+    driver is refused as such. Written into one buffer: rank 0 may hold the whole model, and
+    every extra copy of it counts against the worker's memory."""
     import torch
 
-    buffer = io.BytesIO()
-    torch.save({name: tensor.detach().cpu() for name, tensor in state_dict.items()}, buffer)
     head = json.dumps(header).encode()
-    return len(head).to_bytes(8, "big") + head + buffer.getvalue()
+    buffer = io.BytesIO()
+    buffer.write(len(head).to_bytes(8, "big") + head)
+    torch.save({name: tensor.detach().cpu() for name, tensor in state_dict.items()}, buffer)
+    buffer.write((buffer.tell() - 8 - len(head)).to_bytes(8, "big"))
+    return buffer.getvalue()
 
 
 def unpack_result(payload: bytes) -> tuple[dict[str, Any], dict[str, Any]]:
     import torch
 
     size = int.from_bytes(payload[:8], "big")
+    weights = memoryview(payload)[8 + size:-8]
+    if len(payload) < 16 + size or len(weights) != int.from_bytes(payload[-8:], "big"):
+        raise TrainingError(f"the trained weights reached the driver incomplete ({len(payload)} "
+                            "bytes); the driver may lack the memory to receive them: raise "
+                            "spark.driver.memory (and spark.driver.maxResultSize).")
     header = json.loads(payload[8:8 + size])
-    state = torch.load(io.BytesIO(payload[8 + size:]), weights_only=True)
+    state = torch.load(io.BytesIO(weights), weights_only=True)
     return state, header
 
 
