@@ -112,14 +112,16 @@ class HasRecovery(Params):
 
     @contextmanager
     def guarded_run(self, location: str | None, run_id: str, fingerprint: dict[str, Any],
-                    total: str) -> Iterator[RunGuard | None]:
+                    total: str, resizable: tuple[str, ...] = ()) -> Iterator[RunGuard | None]:
         """Hold the run for the enclosed fit (None without checkpointDir): lock it, refuse a
         mismatch, prepare its checkpoints; the caller marks it complete on success.
-        ``total`` names the Param that counts epochs or rounds."""
+        ``total`` names the Param that counts epochs or rounds; ``resume='required'`` may
+        change it and the ``resizable`` Params (those whose checkpoints load into any value,
+        such as the worker count)."""
         if location is None:
             yield None
             return
-        guard = RunGuard(location, run_id, fingerprint, total)
+        guard = RunGuard(location, run_id, fingerprint, total, resizable)
         guard.lock()
         try:
             guard.start(self.getOrDefault("resume"))
@@ -154,8 +156,9 @@ class RunGuard:
     """
 
     def __init__(self, location: str, run_id: str, fingerprint: dict[str, Any],
-                 total: str) -> None:
+                 total: str, resizable: tuple[str, ...] = ()) -> None:
         self.location, self.run_id, self.total = location, run_id, total
+        self.resizable = resizable
         self.fingerprint = _canonical(fingerprint)
         self.fit_id = uuid.uuid4().hex[:12]
         self.resumed = False
@@ -239,7 +242,7 @@ class RunGuard:
                          "(resume='required' with more %s continues it instead)",
                          self.run_id, self.total)
             return False
-        ignore = {self.total} if mode == "required" else set()
+        ignore = {self.total, *self.resizable} if mode == "required" else set()
         changed = _differences(record.get("fingerprint", {}), self.fingerprint, ignore)
         if changed:
             state = "a completed" if complete else "an interrupted"
