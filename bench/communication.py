@@ -10,6 +10,9 @@ warm-up fit of each side, the sides alternating (A B C ... A B C ...). The warm-
 is reported as ``first_fit_s`` (the first fit of that side in this session; truly cold, with
 fresh Python workers, only for the first side, fp32).
 
+--quick: small data, 1 epoch, one fit per side (no warm-up). --only plain|straggler: one
+section (printed, not saved).
+
 - per mode: allreduce bytes per step per rank (what the gradient hook or model average
   handed to ``all_reduce``, from ``trainingSummary["ranks"]``), samples/s (training rows x
   epochs / fit wall time), and time to a validation accuracy: the fit's fixed costs (wall
@@ -43,7 +46,7 @@ MODES: dict[str, dict[str, Any]] = {
     "stale": {"maxStaleness": 4, "syncEvery": 2},
 }
 TARGET = "<= 0.7"
-SLOWED = {"rank": 1, "factor": 2.0}
+SLOWED: dict[str, Any] = {"rank": 1, "factor": 2.0}
 
 
 def fit(data: Any, mode: str, epochs: int, straggler: bool) -> tuple[Any, float]:
@@ -59,17 +62,18 @@ def fit(data: Any, mode: str, epochs: int, straggler: bool) -> tuple[Any, float]
     return model, time.perf_counter() - started
 
 
-def measure(data: Any, modes: list[str], epochs: int, repeats: int,
-            straggler: bool) -> dict[str, dict[str, Any]]:
-    """Per mode: the warm-up fit's seconds, the timed fits' seconds, their histories and the
-    last fit's per-rank summary (the modes alternating)."""
+def measure(data: Any, modes: list[str], epochs: int, repeats: int, straggler: bool,
+            warm_up: bool = True) -> dict[str, dict[str, Any]]:
+    """Per mode: the first fit's seconds, the timed fits' seconds, their histories and the
+    last fit's per-rank summary (the modes alternating). With ``warm_up`` (not --quick) the
+    first fit is untimed."""
     runs: dict[str, dict[str, Any]] = {m: {"seconds": [], "histories": []} for m in modes}
-    for round_ in range(repeats + 1):  # round 0: the untimed warm-up
+    for round_ in range(repeats + warm_up):
         for mode in modes:
             model, seconds = fit(data, mode, epochs, straggler)
             run = runs[mode]
-            if round_ == 0:
-                run["first_fit_s"] = seconds
+            run.setdefault("first_fit_s", seconds)
+            if warm_up and round_ == 0:
                 continue
             run["seconds"].append(seconds)
             run["histories"].append(model.history)
@@ -97,7 +101,8 @@ def side(run: dict[str, Any], epochs: int, threshold: float) -> dict[str, Any]:
     ranks = summary["ranks"]
     return {"allreduce_bytes_per_step": max(r["allreduce_bytes"] for r in ranks) / steps,
             "samples_per_s": summary["rows"] * epochs / wall,
-            "time_to_accuracy_s": None if None in reached else statistics.median(reached),
+            "time_to_accuracy_s": (None if None in reached else
+                                   statistics.median([t for t in reached if t is not None])),
             "fit_s": wall, "first_fit_s": run["first_fit_s"], "runs_s": run["seconds"],
             "time_to_accuracy_runs_s": reached,
             "skipped_steps": [r.get("skipped_steps", 0) for r in ranks],
@@ -148,6 +153,8 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--accuracy", type=float, default=0.95, help="validation accuracy")
+    parser.add_argument("--only", choices=("plain", "straggler"),
+                        help="one section (a partial run: printed, not saved)")
     options = parser.parse_args()
     rows, epochs, repeats, threshold = ((4_000, 1, 1, 0.5) if options.quick else
                                         (options.rows, options.epochs, options.repeats,
@@ -158,15 +165,21 @@ def main() -> None:
 
     data = spark.createDataFrame(make_nonlinear(rows, seed=5)).repartition(2).cache()
     data.count()
-    modes = list(MODES)
-    plain = figures(measure(data, modes, epochs, repeats, False), epochs, threshold)
-    slowed = figures(measure(data, modes, epochs, repeats, True), epochs, threshold)
+    modes, warm_up = list(MODES), not options.quick
+    plain = slowed = None
+    if options.only != "straggler":
+        plain = figures(measure(data, modes, epochs, repeats, False, warm_up), epochs,
+                        threshold)
+    if options.only != "plain":
+        slowed = figures(measure(data, modes, epochs, repeats, True, warm_up), epochs,
+                         threshold)
     result = {
         "quick": options.quick, "machine": machine(spark), "modes": MODES,
         "settings": {"rows": rows, "epochs": epochs, "threshold": threshold, "workers": 2,
                      "repeats": repeats, "straggler": SLOWED},
-        "per_mode": plain, "straggler": {"per_mode": slowed, "best": best(slowed)},
-        "best_without_straggler": best(plain),
+        "per_mode": plain,
+        "straggler": slowed and {"per_mode": slowed, "best": best(slowed)},
+        "best_without_straggler": plain and best(plain),
         "definition": ("TorchEstimator fits on 2 workers of datasets.make_nonlinear(rows, "
                        "dim=8), defaults but for each mode's Params, validationFraction=0.1; "
                        "wall clock on the driver around the whole fit, median of the timed "
@@ -174,7 +187,7 @@ def main() -> None:
                        "against fp32 DDP measured in the same run; straggler: rank 1 sleeps as "
                        "long as each step it computes took"),
         "seconds": round(time.perf_counter() - started, 1)}
-    write_result("communication", result, save=not options.quick)
+    write_result("communication", result, save=not (options.quick or options.only))
 
 
 if __name__ == "__main__":
