@@ -13,6 +13,26 @@ failed first, often a rank whose collective only lost its peer, so the failed ta
 chunk's jobs are read back from Spark's status store and a failure that is not such a
 symptom is preferred.
 
+Elastic fits (``ChunkPlan.elastic``: minWorkers, slotWaitSeconds): every chunk starts on the
+most workers the free task slots allow, between ``min_workers`` and ``num_workers``
+(:meth:`sparkdist.launch.elastic.ElasticPlan.best_world`), waiting up to ``slot_wait_s`` for
+``min_workers`` slots before a TrainingError naming the slots needed and found. While a chunk
+runs, the task slots are watched: when they drop below the chunk's workers (an executor gone
+for good, where xgboost.spark's barrier job would wait for slots forever), its job is cancelled
+and the chunk is retried, from the newest checkpoint, on the slots there are. A later chunk
+grows back to ``num_workers`` once slots return. The summary's ``worker_counts`` has the first
+chunk's workers and those of each retry or change, e.g. ``[3, 2]``. A booster boosted partly on
+another number of workers may differ slightly from an uninterrupted one (the histogram cuts
+are sketched over other partitions).
+
+One window is not covered: an executor lost after a chunk's slot check but noticed by Spark
+only once xgboost.spark submits its barrier job. Spark then re-checks that job's slots every
+``spark.scheduler.barrier.maxConcurrentTasksCheck.interval`` (15 s), up to
+``...maxFailures`` (40) times, and a job in that state cannot be cancelled (it is not active
+yet), so the chunk fails, and is retried on fewer workers, only after those checks (10 minutes
+by default; lower the two confs to bound it). A loss while the chunk's job runs is noticed
+within a second.
+
 Chunk boundaries are the multiples of ``checkpointEvery`` (and ``n_estimators``), whatever
 the history of failures and re-runs, so a resumed fit rebuilds exactly the same chunks. Without
 row or column sampling the result is the same booster as one uninterrupted fit.
@@ -37,6 +57,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -52,6 +73,8 @@ from pyspark.sql import DataFrame
 from sparkdist import failpoints
 from sparkdist.exceptions import ParamError, TrainingError
 from sparkdist.launch.barrier import worker_message
+from sparkdist.launch.elastic import ElasticPlan
+from sparkdist.launch.preflight import live_slots
 from sparkdist.store import Checkpoints
 
 _LOG = logging.getLogger(__name__)
@@ -74,6 +97,9 @@ class ChunkPlan:
     every: int
     keep: int
     max_retries: int
+    #: minWorkers/slotWaitSeconds, and the configured num_workers: None keeps num_workers
+    num_workers: int = 0
+    elastic: ElasticPlan | None = None
 
 
 def check_chunkable(rounds: int, early_stopping_rounds: int | None,
@@ -136,26 +162,78 @@ def fit_in_chunks(new_inner: Callable[[], Any], dataset: DataFrame, plan: ChunkP
     done, raw = _resume(store, plan)
     summary: dict[str, Any] = {"run_id": plan.run_id, "checkpoint_dir": plan.location,
                                "resumed_from_round": done or None, "retries": 0}
+    if plan.elastic is not None:
+        summary["worker_counts"] = []
     cache = dataset.storageLevel == StorageLevel.NONE and plan.rounds - done > plan.every
     if cache:
         dataset.persist(StorageLevel.MEMORY_AND_DISK)
+    failed = False
     try:
         while done < plan.rounds:
             end = chunk_end(done, plan.rounds, plan.every)
+            inner, workers = _chunk_inner(new_inner, dataset, plan, summary, failed)
+            _note(plan, f"chunk of rounds {done + 1}-{end} on {workers} workers")
             try:
-                raw = _fit_chunk(new_inner(), dataset, raw, done, end, failpoint)
-            except _ChunkFailed as failed:
+                raw = _fit_chunk(inner, dataset, raw, done, end, failpoint, workers,
+                                 plan.elastic)
+            except _ChunkFailed as err:
+                _note(plan, f"chunk of rounds {done + 1}-{end} failed")
                 summary["retries"] += 1
-                _retry_or_raise(summary["retries"], plan, done, end, failed)
+                _retry_or_raise(summary["retries"], plan, done, end, err)
                 done, raw = _resume(store, plan)
+                failed = True
                 continue
+            failed = False
             store.save(end, raw)
+            _note(plan, f"{end} rounds done")
+            _LOG.info("XGBoost run %s: %d of %d rounds done (checkpoint saved)", plan.run_id,
+                      end, plan.rounds)
             done = end
     finally:
         if cache:
             dataset.unpersist()
     assert raw is not None  # rounds >= 1 (check_chunkable)
     return raw, summary
+
+
+def _note(plan: ChunkPlan, what: str) -> None:
+    """On the elastic plan's timeline (measurements of the recovery), where there is one."""
+    if plan.elastic is not None:
+        plan.elastic.note(what)
+
+
+def _chunk_inner(new_inner: Callable[[], Any], dataset: DataFrame, plan: ChunkPlan,
+                 summary: dict[str, Any], after_failure: bool) -> tuple[Any, int | None]:
+    """The next chunk's xgboost.spark estimator, and the workers it runs on where the fit is
+    elastic (None otherwise): the most the free slots allow (waiting, bounded, for
+    ``min_workers``); recorded in ``summary["worker_counts"]`` on a retry or a change."""
+    inner = new_inner()
+    elastic = plan.elastic
+    if elastic is None:
+        return inner, None
+    workers = _chunk_workers(dataset.sparkSession, plan, elastic)
+    counts = summary["worker_counts"]
+    if not counts or after_failure or counts[-1] != workers:
+        counts.append(workers)
+    if workers != plan.num_workers:  # xgboost.spark repartitions to its num_workers
+        inner._set(num_workers=workers, force_repartition=True)
+    return inner, workers
+
+
+def _chunk_workers(spark: Any, plan: ChunkPlan, elastic: ElasticPlan) -> int:
+    """The most workers within [min_workers, num_workers] the task slots allow now; waits up
+    to ``slot_wait_s`` for them, then raises the shortage TrainingError."""
+    deadline = time.monotonic() + elastic.slot_wait_s
+    while True:
+        slots = live_slots(spark)
+        if slots is None:  # the scheduler cannot be asked: as configured
+            return plan.num_workers
+        workers = elastic.best_world(slots, plan.num_workers)
+        if workers is not None:
+            return workers
+        if time.monotonic() >= deadline:
+            raise elastic.shortage(elastic.min_workers, slots)
+        time.sleep(0.5)
 
 
 class _ChunkFailed(Exception):
@@ -177,9 +255,11 @@ def _resume(store: Checkpoints, plan: ChunkPlan) -> tuple[int, bytes | None]:
 
 
 def _fit_chunk(inner: Any, dataset: DataFrame, raw: bytes | None, done: int, end: int,
-               failpoint: dict[str, Any] | None) -> bytes:
+               failpoint: dict[str, Any] | None, workers: int | None = None,
+               elastic: ElasticPlan | None = None) -> bytes:
     """Boost rounds ``done+1..end`` on top of ``raw`` (None: from scratch); the new booster.
-    Raises _ChunkFailed when a Spark job of the chunk fails."""
+    Raises _ChunkFailed when a Spark job of the chunk fails, or (``workers`` given: an
+    elastic fit) when the task slots drop below ``workers`` while it runs."""
     inner._set(n_estimators=end - done)
     if raw is not None:
         inner._set(xgb_model=_load(raw))
@@ -187,10 +267,15 @@ def _fit_chunk(inner: Any, dataset: DataFrame, raw: bytes | None, done: int, end
         callbacks = inner.getOrDefault("callbacks") or []
         inner._set(callbacks=[*callbacks, _FailpointCallback(failpoint, done)])
     sc = dataset.sparkSession.sparkContext
-    with _job_group(sc, f"sparkdist XGBoost rounds {done + 1}-{end}") as group:
+    with _job_group(sc, f"sparkdist XGBoost rounds {done + 1}-{end}") as group, \
+            _slot_watch(dataset.sparkSession, group, workers, elastic) as lost:
         try:
             fitted = inner.fit(dataset)
         except (Py4JJavaError, PySparkException) as err:  # a failed job
+            if lost:
+                raise _ChunkFailed(f"the task slots dropped to {lost[0]}, below the chunk's "
+                                   f"{workers} workers (an executor is gone); its job was "
+                                   "cancelled") from err
             raise _ChunkFailed(_root_cause(sc, group, err)) from err
     return bytes(fitted.get_booster().save_raw(BOOSTER_FORMAT))
 
@@ -213,6 +298,37 @@ def _retry_or_raise(failures: int, plan: ChunkPlan, done: int, end: int,
     _LOG.warning("XGBoost rounds %d-%d failed (retry %d of maxRetries=%d); resuming from the "
                  "newest checkpoint. The failure: %s", done + 1, end, failures,
                  plan.max_retries, _last_line(str(failed)))
+
+
+@contextlib.contextmanager
+def _slot_watch(spark: Any, group: str, workers: int | None,
+                elastic: ElasticPlan | None = None) -> Iterator[list[int]]:
+    """While the block runs, cancel the job group ``group`` once the task slots drop below
+    ``workers`` (None: no watch); the list yielded gets the slot count that ended it."""
+    lost: list[int] = []
+    if workers is None:
+        yield lost
+        return
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(0.5):
+            slots = live_slots(spark)
+            if slots is not None and slots < workers:
+                lost.append(slots)
+                if elastic is not None:
+                    elastic.note(f"{slots} task slots for {workers} workers")
+                _LOG.warning("XGBoost chunk: %d task slots left for %d workers; cancelling "
+                             "its job to re-plan", slots, workers)
+                spark.sparkContext.cancelJobGroup(group)
+                return
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    try:
+        yield lost
+    finally:
+        stop.set()
 
 
 # -- root cause of a failed chunk ------------------------------------------------------------

@@ -182,7 +182,8 @@ _OUTPUT_COL_PARAMS = ("base_margin_col", "pred_contrib_col")  # defaults are "un
 #: (device too, so that a run may resume on other hardware).
 _NOT_TRAJECTORY = frozenset({
     "checkpointDir", "keepCheckpoints", "runId", "resume", "maxRetries", "callbacks",
-    "allowUnencrypted", "predictionCol", "probabilityCol", "rawPredictionCol",
+    "allowUnencrypted", "minWorkers", "slotWaitSeconds", "predictionCol", "probabilityCol",
+    "rawPredictionCol",
     "pred_contrib_col", "iteration_range", "importance_type", "verbose", "verbosity",
     "validate_parameters", "launch_tracker_on_driver", "device"})
 
@@ -256,10 +257,18 @@ class _XGBoostEstimator(Estimator, HasRecovery, ParamsPersistence):
         Params._dummy(), "allowUnencrypted",
         "train on a cluster with Spark authentication/encryption on although XGBoost's "
         "traffic between workers is not encrypted", typeConverter=_B)
+    minWorkers: Param[int] = Param(
+        Params._dummy(), "minWorkers",
+        "with checkpointDir: the fewest workers a chunk may run on when task slots are lost "
+        "(0: num_workers, i.e. never fewer)", typeConverter=_I)
+    slotWaitSeconds: Param[float] = Param(
+        Params._dummy(), "slotWaitSeconds",
+        "with checkpointDir: the longest wait for minWorkers task slots before the fit fails, "
+        "> 0", typeConverter=_F)
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
-        self._setDefault(allowUnencrypted=False)
+        self._setDefault(allowUnencrypted=False, minWorkers=0, slotWaitSeconds=300.0)
 
     def setParams(self, **params: Any) -> _XGBoostEstimator:
         """Set Params by name; xgboost.spark's snake_case column names are accepted too."""
@@ -309,7 +318,8 @@ class _XGBoostEstimator(Estimator, HasRecovery, ParamsPersistence):
         get = self.getOrDefault
         plan = chunks.ChunkPlan(location=location, run_id=run_id, rounds=get("n_estimators"),
                                 every=get("checkpointEvery"), keep=get("keepCheckpoints"),
-                                max_retries=get("maxRetries"))
+                                max_retries=get("maxRetries"), num_workers=get("num_workers"),
+                                elastic=self._elastic())
         fingerprint = {**self._trajectory(),
                        **data_identity(dataset.select(*self._data_columns()).schema, stats)}
         with self.guarded_run(location, run_id, fingerprint, "n_estimators") as run:
@@ -318,6 +328,15 @@ class _XGBoostEstimator(Estimator, HasRecovery, ParamsPersistence):
             assert run is not None
             run.complete(plan.rounds)
         return self._model_class(self._model_class._wrap_booster(raw, location), summary)
+
+    def _elastic(self) -> Any:
+        """minWorkers and slotWaitSeconds as the chunks' elastic plan (see
+        ``_xgboost_checkpoints``)."""
+        from sparkdist.launch.elastic import ElasticPlan
+
+        get = self.getOrDefault
+        return ElasticPlan(min_workers=get("minWorkers") or get("num_workers"),
+                           slot_wait_s=get("slotWaitSeconds"), param="minWorkers")
 
     def _trajectory(self) -> dict[str, Any]:
         """Every Param that shapes the boosting (the resume fingerprint, with the data)."""
@@ -358,6 +377,12 @@ class _XGBoostEstimator(Estimator, HasRecovery, ParamsPersistence):
         workers, device = self.getOrDefault("num_workers"), self.getOrDefault("device")
         if workers < 1:
             raise ParamError(f"num_workers={workers}: use 1 or more.")
+        least, wait = self.getOrDefault("minWorkers"), self.getOrDefault("slotWaitSeconds")
+        if not 0 <= least <= workers:
+            raise ParamError(f"minWorkers={least}: use 0 (num_workers) to num_workers="
+                             f"{workers}.")
+        if not wait > 0:
+            raise ParamError(f"slotWaitSeconds={wait}: use a number of seconds above 0.")
         check_one_of("device", device, DEVICES)
         try:  # xgboost.spark's own cross-checks (tree_method, early stopping, GPU conf)
             self._xgboost_estimator()._validate_params()
@@ -488,8 +513,10 @@ class _XGBoostModel(Model, PersistentModel):
     @property
     def trainingSummary(self) -> dict[str, Any]:  # noqa: N802 (the name TorchModel uses)
         """How a checkpointed fit ran: run_id, checkpoint_dir, resumed_from_round (rounds
-        taken from an earlier fit's checkpoint, or None) and retries (failed chunks run
-        again). Empty for a fit without checkpointDir and for a loaded model."""
+        taken from an earlier fit's checkpoint, or None), retries (failed chunks run
+        again) and worker_counts (the workers of the first chunk and of each retry or change:
+        ``[3, 2]`` where a lost executor left 2 slots and minWorkers allowed 2). Empty for a
+        fit without checkpointDir and for a loaded model."""
         return dict(self._summary)
 
     @property

@@ -86,6 +86,29 @@ class Killer(logging.Handler):
             print(f"killed {pids} at {self.killed_at:.3f}", file=sys.stderr, flush=True)
 
 
+class MidChunkKiller(Killer):
+    """After the log line, wait until the next chunk's barrier stage runs all 3 tasks, then
+    kill: the executor dies mid-chunk (a kill between two chunks can land in the moment
+    before xgboost.spark submits its barrier job, see _xgboost_checkpoints)."""
+
+    def __init__(self, victim: int, pattern: str, sc) -> None:
+        super().__init__(victim, pattern)
+        self.sc = sc
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.pattern in record.getMessage():
+            threading.Thread(target=self.kill_when_running, daemon=True).start()
+
+    def kill_when_running(self) -> None:
+        tracker, deadline = self.sc.statusTracker(), time.monotonic() + 60
+        while time.monotonic() < deadline:
+            infos = [tracker.getStageInfo(s) for s in tracker.getActiveStageIds()]
+            if any(i and i.numTasks == 3 and i.numActiveTasks == 3 for i in infos):
+                break
+            time.sleep(0.05)
+        self.kill()
+
+
 def session(master: str):
     python = sys.executable
     conf = {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
@@ -160,7 +183,7 @@ class Timeline(logging.Handler):
 def main(master: str, mode: str, min_workers: int, victim: int, target: str) -> None:
     import faulthandler
 
-    faulthandler.dump_traceback_later(150, repeat=True)  # where a stuck driver waits
+    faulthandler.dump_traceback_later(400, repeat=True)  # where a stuck driver waits
     timeline = Timeline()
     logger = logging.getLogger("sparkdist.launch.elastic")
     logger.setLevel(logging.INFO)
@@ -192,7 +215,8 @@ def xgboost_case(spark, min_workers: int, victim: int, work: Path) -> dict:
     estimator = XGBoostClassifier(checkpointDir=str(work / "ckpt"), minWorkers=min_workers,
                                   slotWaitSeconds=SLOT_WAIT_S, **XGB)
     rounds = XGB["checkpointEvery"] * KILL_AT_EPOCH
-    killer = Killer(victim, f": {rounds} of {XGB['n_estimators']} rounds done")
+    killer = MidChunkKiller(victim, f": {rounds} of {XGB['n_estimators']} rounds done",
+                            spark.sparkContext)
     logger = logging.getLogger("sparkdist.models._xgboost_checkpoints")
     logger.setLevel(logging.INFO)
     logger.addHandler(killer)

@@ -126,3 +126,17 @@ def test_with_header_adds_keys_and_keeps_the_tensor_bytes():
     size = int.from_bytes(out[:8], "big")
     assert json.loads(out[8:8 + size]) == {"history": [1], "worker_counts": [3, 2]}
     assert out[8 + size:] == b"\x00tensors\x01"
+
+
+def test_xgboost_elastic_params_are_range_checked_and_named_in_the_error():
+    pytest.importorskip("xgboost")
+    from sparkdist.exceptions import ParamError
+    from sparkdist.models import XGBoostClassifier
+
+    with pytest.raises(ParamError, match="minWorkers=3: use 0 .* to num_workers=2"):
+        XGBoostClassifier(num_workers=2, minWorkers=3)._check_params()
+    with pytest.raises(ParamError, match="slotWaitSeconds=0"):
+        XGBoostClassifier(num_workers=2, slotWaitSeconds=0)._check_params()
+    plan = XGBoostClassifier(num_workers=3, minWorkers=2, slotWaitSeconds=9)._elastic()
+    assert (plan.min_workers, plan.slot_wait_s) == (2, 9)
+    assert XGBoostClassifier(num_workers=3)._elastic().min_workers == 3  # 0: num_workers
