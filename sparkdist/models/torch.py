@@ -477,12 +477,6 @@ class TorchModel(Model, _TorchParams, PersistentModel):
     def numClasses(self) -> int:
         return int(self._info.get("num_classes", 0))
 
-    def setQuantization(self, value: str) -> TorchModel:
-        """'none' (float32) or 'int8': how ``transform`` and :meth:`module` score (see
-        :meth:`_transform`); saved with the model."""
-        check_one_of("quantization", value, checks.QUANTIZATIONS)
-        return self._set(quantization=value)
-
     def module(self) -> Any:
         """The trained ``nn.Module`` (in eval mode), for use outside Spark: the network
         ``transform`` scores with, so with ``quantization='int8'`` its Linear layers are

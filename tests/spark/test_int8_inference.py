@@ -96,9 +96,9 @@ def test_a_bad_value_is_refused_naming_quantization(spark):
     from sparkdist.torchtrain.nets import MLP
 
     model = _fitted(MLP)
-    with pytest.raises(ParamError, match="quantization='int4'"):
-        model.setQuantization("int4")
     frame = spark.createDataFrame([([0.0] * 8,)], "features array<float>")
+    with pytest.raises(ParamError, match="quantization='int4' is not one of"):
+        model.copy().setQuantization("int4").transform(frame)
     for bad in ("fp16", "INT8"):
         with pytest.raises(ParamError, match=f"quantization='{bad}'"):
             model.copy({model.quantization: bad}).transform(frame)
