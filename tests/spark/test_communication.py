@@ -137,7 +137,8 @@ def test_a_rank_killed_mid_epoch_resumes_in_each_mode(data, holdout, tmp_path, m
     """SIGKILL before step 7 of epoch 3 (checkpoints every 5 steps): the stage retry resumes
     after step 5 and, in the reproducible modes, ends with the weights of an uninterrupted
     fit with the same checkpoint settings."""
-    settings = {**SETTINGS, **RESUMED[mode], "epochs": 4, "checkpointEverySteps": 5}
+    settings = {**SETTINGS, **RESUMED[mode], "epochs": 4, "checkpointEverySteps": 5,
+                "learningRate": 0.01}
     clean = TorchEstimator(checkpointDir=str(tmp_path / "clean"), **settings).fit(data)
     estimator = failpoints.arm(TorchEstimator(checkpointDir=str(tmp_path / "ckpt"), **settings),
                                str(tmp_path), rank=1, epoch=3, step=7, action="kill")
@@ -147,7 +148,8 @@ def test_a_rank_killed_mid_epoch_resumes_in_each_mode(data, holdout, tmp_path, m
     assert (summary["resumed_from_epoch"], summary["resumed_from_step"]) == (2, 5)
     assert [epoch["epoch"] for epoch in model.history] == [1, 2, 3, 4]
     if mode == "stale2":  # timing decides what is averaged: not reproducible
-        assert _accuracy(model, holdout) > 0.85
+        accuracy = _accuracy(model, holdout)
+        assert accuracy > 0.85 and abs(accuracy - _accuracy(clean, holdout)) <= 0.03
     else:
         assert _same_weights(model, clean)
 
