@@ -170,8 +170,10 @@ class TorchEstimator(Estimator, _TorchParams, HasSeed, HasRecovery, ParamsPersis
     runId, resume : a fit with the runId of an interrupted one resumes it when every
         setting and the data match, and refuses a mismatch before launch; with the default
         resume='auto' a completed run is trained again from scratch ('never': always from
-        scratch; 'required': continue or fail). Two concurrent fits of one runId: the second
-        is refused.
+        scratch; 'required': continue or fail, with more epochs, or on another numWorkers
+        and batchSize: every strategy's checkpoints load into any worker count it can split
+        over, and a mid-epoch checkpoint continues at the same step of the new plan). Two
+        concurrent fits of one runId: the second is refused.
     maxRetries : retries of the failed training stage before the fit fails with the last
         failure's cause.
 
@@ -351,7 +353,9 @@ class TorchEstimator(Estimator, _TorchParams, HasSeed, HasRecovery, ParamsPersis
         preflight(dataset.sparkSession, spec["num_workers"], use_gpu=spec["use_gpu"],
                   allow_unencrypted=self.getOrDefault("allowUnencrypted"))
         fingerprint = self._fingerprint(dataset, stats) if checkpoint_dir else {}
-        with self.guarded_run(checkpoint_dir, run_id, fingerprint, "epochs") as run:
+        # every strategy's checkpoints load into any worker count the strategy can split over
+        with self.guarded_run(checkpoint_dir, run_id, fingerprint, "epochs",
+                              resizable=("numWorkers", "batchSize")) as run:
             payload = launch.train(prepared, spec, self.getOrDefault)
             state, header = loop.unpack_result(payload)
             if run is not None:

@@ -90,16 +90,16 @@ def test_a_rank_killed_mid_fit_resumes_from_the_shards_to_the_same_weights(
 
 @pytest.mark.slow
 def test_a_sharded_checkpoint_of_two_workers_loads_into_one(data, tmp_path):
-    """The ranks' resume path with numWorkers changed (the driver's run guard refuses a
-    changed numWorkers for a runId, so the stage is launched directly): one rank reads both
-    shards. With epochs equal to the checkpoint's, the fit ends with what it loaded."""
+    """A 2-worker run continued on 1 worker: one rank reads both shards. First the ranks'
+    resume path alone (epochs equal to the checkpoint's: the fit ends with exactly what it
+    loaded), then through the estimator, resume='required' allowing the new worker count."""
     from sparkdist.models import _torch_checks as checks
     from sparkdist.torchtrain import launch, loop
 
     two = TorchEstimator(epochs=2, strategy="fsdp", checkpointDir=str(tmp_path), runId="r",
                          **SETTINGS).fit(data[0])
-    one = TorchEstimator(epochs=2, strategy="fsdp", **{**SETTINGS, "numWorkers": 1,
-                                                       "batchSize": 200})
+    one_worker = {**SETTINGS, "numWorkers": 1, "batchSize": 200}  # the same global batch
+    one = TorchEstimator(epochs=2, strategy="fsdp", **one_worker)
     code = {"module": loop.resolve_model(one.getOrDefault("model")),
             "loss_fn": loop.resolve_loss(one.getOrDefault("loss"))}
     prepared = checks.prepare(one, data[0])
@@ -110,11 +110,12 @@ def test_a_sharded_checkpoint_of_two_workers_loads_into_one(data, tmp_path):
     assert header["history"] == two.history
     reference = two.module().state_dict()
     assert all(torch.equal(state[name], reference[name]) for name in reference)
-    # and it trains on from there: a third epoch on one worker
-    spec["epochs"] = 3
-    state, header = loop.unpack_result(launch.train(prepared, spec, one.getOrDefault))
-    assert [epoch["epoch"] for epoch in header["history"]] == [1, 2, 3]
-    assert header["history"][2]["loss"] < header["history"][0]["loss"]
+    more = TorchEstimator(epochs=3, strategy="fsdp", checkpointDir=str(tmp_path), runId="r",
+                          resume="required", **one_worker).fit(data[0])
+    summary = more.trainingSummary
+    assert (summary["world_size"], summary["resumed_from_epoch"]) == (1, 2)
+    assert more.history[:2] == two.history
+    assert more.history[2]["loss"] < more.history[0]["loss"]
 
 
 @pytest.mark.slow
