@@ -11,7 +11,8 @@ measured in the same run (issue 16; docs: ../shared/design.md section 5).
 - loss_curve: the largest relative difference between fsdp's per-epoch training loss and
   ddp's with the same seed (float tolerance expected).
 - budget: a model whose weights and Adam state exceed a per-worker memory cap enforced by the
-  kernel fails under ddp and trains under fsdp (:mod:`sparkdist.torchtrain.budget`).
+  kernel (``spark.executor.pyspark.memory`` on local-cluster workers) fails under ddp and
+  trains under fsdp (:mod:`sparkdist.torchtrain.budget`; skipped with --quick).
 
 A strategy that is refused records {"error": ...}; the others still run. Prints one JSON
 line; a full run (no --quick) also saves bench/results/parallel.json.
@@ -22,7 +23,10 @@ line; a full run (no --quick) also saves bench/results/parallel.json.
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
 import sys
 import time
 from typing import Any
@@ -30,9 +34,11 @@ from typing import Any
 from _common import machine, start_spark, write_result
 
 STRATEGIES = ("ddp", "fsdp", "pipeline", "tensor")
-MODEL = {"features": 64, "hidden": [1024, 1024], "rows": 20_000, "epochs": 2,
+MODEL = {"features": 64, "hidden": [1024, 1024, 1024], "rows": 20_000, "epochs": 2,
          "batch_size": 256, "workers": 2}
 QUICK = {**MODEL, "hidden": [64, 64], "rows": 2_000, "epochs": 1}
+#: A 128 MiB MLP (512 MiB with gradients and Adam's moments) under a 3300 MiB cap per worker.
+BUDGET = {"budget_mb": 3300, "hidden": [4096, 4096, 4096], "workers": 2}
 
 
 def fit(data: Any, strategy: str, shape: dict[str, Any]) -> tuple[Any, float]:
@@ -97,12 +103,29 @@ def _side(run: dict[str, Any], shape: dict[str, Any]) -> dict[str, Any]:
             "sent_mb_per_step": round(max(rank["sent_mb"] for rank in ranks) / steps, 4)}
 
 
-def budget(spark: Any, quick: bool) -> dict[str, Any]:
-    try:
-        from sparkdist.torchtrain import budget as memory_budget
-    except ImportError as err:
-        return {"error": f"not built: {err}"}
-    return memory_budget.demonstrate(spark, quick=quick)  # type: ignore[no-any-return]
+def budget(quick: bool) -> dict[str, Any]:
+    """ddp and fsdp under a per-worker address-space cap (its own driver: the cap needs a
+    local-cluster session of its own, as tests/cluster/test_fsdp_budget.py runs it)."""
+    if quick:
+        return {"skipped": "--quick"}
+    from sparkdist.torchtrain.budget import model_state_mb
+
+    code = ("import json\nfrom sparkdist.torchtrain.budget import budget_session, "
+            "compare_under_budget\n"
+            f"spark = budget_session({BUDGET['budget_mb']})\n"
+            f"print(json.dumps(compare_under_budget(spark, {BUDGET['hidden']})))\n"
+            "spark.stop()\n")
+    env = {key: value for key, value in os.environ.items() if key != "PYSPARK_SUBMIT_ARGS"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=1800, env=env)
+    if done.returncode:
+        return {"error": done.stderr[-2000:]}
+    outcome = json.loads(done.stdout.strip().splitlines()[-1])
+    return {**BUDGET, "training_state_mb": round(model_state_mb(BUDGET["hidden"])
+                                                 ["training_state"], 1),
+            **{name: {"trained": side["ok"], "error": side.get("error", "")[:300],
+                      "state_mb": [rank.get("state_mb") for rank in side.get("ranks", [])]}
+               for name, side in outcome.items()}}
 
 
 def main() -> None:
@@ -120,7 +143,7 @@ def main() -> None:
     data.count()
     runs = measure(data, shape, repeats)
     result = {"machine": machine(spark), "model": shape, "repeats": repeats,
-              "strategies": figures(runs, shape), "budget": budget(spark, options.quick)}
+              "strategies": figures(runs, shape), "budget": budget(options.quick)}
     write_result("parallel", result, save=not options.quick)
 
 
