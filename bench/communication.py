@@ -155,6 +155,8 @@ def main() -> None:
     parser.add_argument("--accuracy", type=float, default=0.95, help="validation accuracy")
     parser.add_argument("--only", choices=("plain", "straggler"),
                         help="one section (a partial run: printed, not saved)")
+    parser.add_argument("--modes", default=",".join(MODES),
+                        help="comma-separated modes, fp32 included (a partial run)")
     options = parser.parse_args()
     rows, epochs, repeats, threshold = ((4_000, 1, 1, 0.5) if options.quick else
                                         (options.rows, options.epochs, options.repeats,
@@ -165,7 +167,8 @@ def main() -> None:
 
     data = spark.createDataFrame(make_nonlinear(rows, seed=5)).repartition(2).cache()
     data.count()
-    modes, warm_up = list(MODES), not options.quick
+    modes, warm_up = options.modes.split(","), not options.quick
+    assert modes[0] == "fp32" and set(modes) <= set(MODES), f"--modes {options.modes}"
     plain = slowed = None
     if options.only != "straggler":
         plain = figures(measure(data, modes, epochs, repeats, False, warm_up), epochs,
@@ -187,7 +190,8 @@ def main() -> None:
                        "against fp32 DDP measured in the same run; straggler: rank 1 sleeps as "
                        "long as each step it computes took"),
         "seconds": round(time.perf_counter() - started, 1)}
-    write_result("communication", result, save=not (options.quick or options.only))
+    write_result("communication", result, save=not (options.quick or options.only
+                                                      or len(modes) < len(MODES)))
 
 
 if __name__ == "__main__":

@@ -17,7 +17,8 @@ Bounded staleness (``maxStaleness=s > 0``)
     when that completes it moves its parameters by (weighted mean - its snapshot), keeping
     the steps it took meanwhile. It waits for an average only once that is more than s
     train steps old. A rank that lags (its step count, published through the process
-    group's store every step, is more than s behind the fastest rank's) skips the step:
+    group's store every step, is more than max(1, s // 2) behind the fastest rank's: well
+    before the fastest would have to wait) skips the step:
     it drops that batch and computes nothing, so a slow executor does less work rather than
     holding the others back; every rank still makes the same number of train-step calls
     (the loop's epoch-end collectives need that). Skipped steps are reported per rank
@@ -136,7 +137,7 @@ class BoundedStaleness(LocalSGD):
         self.published = int(self.store.add(f"calls/{self.rank}", 1))
         others = [int(self.store.add(f"calls/{rank}", 0)) for rank in range(self.world)
                   if rank != self.rank]
-        return max(others, default=0) - self.published <= self.staleness
+        return max(others, default=0) - self.published <= max(1, self.staleness // 2)
 
     def after_step(self, call: int, computed: bool) -> bool:
         self.computed += computed
