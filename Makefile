@@ -57,7 +57,7 @@ test-fast: setup
 	$(PY) -m pytest -q -m "not slow and not cluster and not horovod and not gpu" \
 	  tests/unit tests/spark tests/jobs
 
-# Every benchmark, then bench/results/latest.{json,md,png} (about 12 minutes on 2 cores).
+# Every benchmark, then bench/results/latest.{json,md,png} (about an hour on 2 cores).
 bench: setup
 	$(PY) bench/report.py
 

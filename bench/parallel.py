@@ -37,8 +37,8 @@ STRATEGIES = ("ddp", "fsdp", "pipeline", "tensor")
 MODEL = {"features": 64, "hidden": [1024, 1024, 1024], "rows": 20_000, "epochs": 2,
          "batch_size": 256, "workers": 2}
 QUICK = {**MODEL, "hidden": [64, 64], "rows": 2_000, "epochs": 1}
-#: A 128 MiB MLP (512 MiB with gradients and Adam's moments) under a 3300 MiB cap per worker.
-BUDGET = {"budget_mb": 3300, "hidden": [4096, 4096, 4096], "workers": 2}
+#: A 256 MiB MLP (1 GiB with gradients and Adam's moments) under a 3400 MiB cap per worker.
+BUDGET = {"budget_mb": 3400, "hidden": [4096] * 5, "workers": 2}
 
 
 def fit(data: Any, strategy: str, shape: dict[str, Any]) -> tuple[Any, float]:

@@ -23,7 +23,7 @@ from typing import Any
 
 BENCH = Path(__file__).resolve().parent
 RESULTS = BENCH / "results"
-SCRIPTS = ("split_assembly", "classical", "deep")
+SCRIPTS = ("split_assembly", "classical", "deep", "parallel", "communication", "quantization")
 
 
 def run(name: str) -> dict[str, Any]:
@@ -66,7 +66,63 @@ def table(figures: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
             single["distributed_s"], single["single_s"], single["time_ratio"], "-")
     if "deep" in figures:
         _deep_rows(figures["deep"], row)
+    if "parallel" in figures:
+        _parallel_rows(figures["parallel"], row)
+    if "communication" in figures:
+        _communication_rows(figures["communication"], row)
+    if "quantization" in figures:
+        _quantization_rows(figures["quantization"], row)
     return rows
+
+
+def _parallel_rows(f: dict[str, Any], row: Any) -> None:
+    """bench/parallel.py: each strategy against ddp on 2 workers."""
+    strategies, shape = f["strategies"], f["model"]
+    ddp = strategies["ddp"]
+    for name in ("fsdp", "pipeline", "tensor"):
+        side = strategies.get(name, {})
+        if "state_ratio" not in side:
+            continue
+        row(f"strategy={name} vs ddp, MiB of parameters + gradients + Adam state on the "
+            f"busiest rank (MLP {shape['hidden']})", side["state_mb"], ddp["state_mb"],
+            side["state_ratio"], "<= 0.55", "MiB")
+        row(f"strategy={name} vs ddp, samples/s (MiB sent per step: "
+            f"{side['sent_mb_per_step']} vs {ddp['sent_mb_per_step']})",
+            side["samples_per_s"], ddp["samples_per_s"], side["throughput_ratio"], "-",
+            "samples/s")
+
+
+def _communication_rows(f: dict[str, Any], row: Any) -> None:
+    """bench/communication.py: each mode against fp32 DDP, without and with a straggler."""
+    for mode, side in f["per_mode"].items():
+        if mode == "fp32" or "ratios" not in side:
+            continue
+        ratios = side["ratios"]
+        row(f"{mode} vs fp32 DDP, time to {f['settings']['threshold']} validation accuracy "
+            f"(all-reduce bytes/step x{ratios['allreduce_bytes_per_step']}, samples/s "
+            f"x{ratios['samples_per_s']})", side["time_to_accuracy_s"],
+            f["per_mode"]["fp32"]["time_to_accuracy_s"], ratios["time_to_accuracy_s"], "-")
+    best = f.get("straggler", {}).get("best")
+    if best:
+        straggler = f["straggler"]["per_mode"]
+        row(f"One rank slowed 2x: best mode ({best['mode']}) vs fp32 DDP, time to accuracy",
+            straggler[best["mode"]]["time_to_accuracy_s"],
+            straggler["fp32"]["time_to_accuracy_s"], best["ratio"], best["target"])
+
+
+def _quantization_rows(f: dict[str, Any], row: Any) -> None:
+    """bench/quantization.py: int8 scoring against float32."""
+    size, accuracy = f["size"], f["accuracy"]
+    row("TorchModel int8 vs float32, saved network size", size["int8_bytes"],
+        size["fp32_bytes"], size["int8_to_fp32"], "-", "bytes")
+    row("TorchModel int8 vs float32, test accuracy (difference in points)",
+        accuracy["int8"], accuracy["fp32"], accuracy["difference_pp"],
+        accuracy["target_pp"], "accuracy")
+    for kind in ("warm", "cold"):
+        side = f[kind]
+        row(f"TorchModel int8 vs float32 transform, rows/s, {kind} (speed-up)",
+            side["int8_rows_per_s"], side["fp32_rows_per_s"], side["int8_speedup"], "-",
+            "rows/s")
 
 
 def _deep_rows(f: dict[str, Any], row: Any) -> None:

@@ -257,7 +257,8 @@ class WorkerContext:
         shutil.rmtree(self.scratch, ignore_errors=True)
 
 
-Worker = Callable[[WorkerContext, Iterator["pa.RecordBatch"], dict[str, Any]], "bytes | None"]
+Worker = Callable[[WorkerContext, Iterator["pa.RecordBatch"], dict[str, Any]],
+                 "bytes | memoryview | None"]
 
 
 def run_barrier(df: DataFrame, worker: Worker, args: dict[str, Any], num_workers: int, *,
@@ -476,24 +477,36 @@ def worker_message(err: BaseException | str, limit: int = 3000) -> str:
 # ---------------------------------------------------------------------------- executor side
 def _barrier_task(worker: Worker, args: dict[str, Any], settings: BarrierSettings,
                   batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    import pyarrow as pa
     from pyspark import BarrierTaskContext
 
     os.environ.update(settings.env)
     context = WorkerContext(BarrierTaskContext.get(), settings)
     try:
         result = worker(context, batches, args)
+        if context.rank == 0 and result is not None:
+            yield from _result_batches(result)
     except Exception as err:
         message = context.failure_message(err)
         context.report_failure(err)
         raise TrainingError(message) from err
     finally:
         context.close()
-    if context.rank == 0 and result is not None:
-        chunks = [result[i:i + _CHUNK] for i in range(0, len(result), _CHUNK)] or [b""]
-        yield pa.RecordBatch.from_pydict(
-            {"part": pa.array(range(len(chunks)), pa.int32()),
-             "payload": pa.array(chunks, pa.binary())})
+
+
+def _result_batches(result: bytes | memoryview) -> Iterator[pa.RecordBatch]:
+    """Rank 0's result as one row per ``_CHUNK`` bytes, each an Arrow view of the result's
+    own memory (no copy: the whole model may be in it, and the worker's memory is capped)."""
+    import numpy as np
+    import pyarrow as pa
+
+    whole = pa.py_buffer(result)
+    for part, start in enumerate(range(0, max(1, len(result)), _CHUNK)):
+        size = min(_CHUNK, len(result) - start)
+        offsets = pa.py_buffer(np.array([0, size], dtype=np.int32).tobytes())
+        payload = pa.Array.from_buffers(pa.binary(), 1, [None, offsets,
+                                                         whole.slice(start, size)])
+        yield pa.RecordBatch.from_arrays([pa.array([part], pa.int32()), payload],
+                                         names=["part", "payload"])
 
 
 def _executor_id() -> str:

@@ -60,6 +60,7 @@ def budget_session(budget_mb: int, workers: int = 2, executor_heap_mb: int = 204
         os.environ.setdefault("PYSPARK_SUBMIT_ARGS",
                               f"--driver-memory {driver_heap_mb}m pyspark-shell")
     settings = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": str(workers),
+                "spark.executor.memory": f"{executor_heap_mb}m",  # else 1g, whatever the worker has
                 **budget_conf(budget_mb), **(conf or {})}
     return get_spark(master=f"local-cluster[{workers},1,{executor_heap_mb}]",
                      app_name=f"sparkdist-budget-{budget_mb}m", conf=settings)

@@ -175,11 +175,12 @@ def make_optimizer(name: str, parameters: Any, learning_rate: float,
                                                   weight_decay=weight_decay)
 
 
-def pack_result(state_dict: dict[str, Any], header: dict[str, Any]) -> bytes:
+def pack_result(state_dict: dict[str, Any], header: dict[str, Any]) -> memoryview:
     """Header length, JSON header, ``torch.save``d tensors (loadable with
     ``weights_only=True``), then the tensors' byte count: a result cut short on its way to the
-    driver is refused as such. Written into one buffer: rank 0 may hold the whole model, and
-    every extra copy of it counts against the worker's memory."""
+    driver is refused as such. Written into one buffer and returned as a view of it, not a
+    copy: rank 0 may hold the whole model, and every copy counts against the worker's
+    memory."""
     import torch
 
     head = json.dumps(header).encode()
@@ -187,12 +188,13 @@ def pack_result(state_dict: dict[str, Any], header: dict[str, Any]) -> bytes:
     buffer.write(len(head).to_bytes(8, "big") + head)
     torch.save({name: tensor.detach().cpu() for name, tensor in state_dict.items()}, buffer)
     buffer.write((buffer.tell() - 8 - len(head)).to_bytes(8, "big"))
-    return buffer.getvalue()
+    return buffer.getbuffer()
 
 
-def unpack_result(payload: bytes) -> tuple[dict[str, Any], dict[str, Any]]:
+def unpack_result(payload: bytes | memoryview) -> tuple[dict[str, Any], dict[str, Any]]:
     import torch
 
+    payload = bytes(payload) if isinstance(payload, memoryview) else payload
     size = int.from_bytes(payload[:8], "big")
     weights = memoryview(payload)[8 + size:-8]
     if len(payload) < 16 + size or len(weights) != int.from_bytes(payload[-8:], "big"):
@@ -205,7 +207,8 @@ def unpack_result(payload: bytes) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 # ----------------------------------------------------------------------------- executor side
-def fit_worker(context: WorkerContext, batches: Any, args: dict[str, Any]) -> bytes | None:
+def fit_worker(context: WorkerContext, batches: Any,
+               args: dict[str, Any]) -> memoryview | None:
     """Barrier-task entry point: spill the partition, join the group, train, return weights."""
     import torch
 
@@ -250,7 +253,7 @@ class _Trainer:
         self.clock = StepClock()
 
     def run(self, train: SpilledRows, validation: SpilledRows,
-            scan: PartitionScan) -> bytes | None:
+            scan: PartitionScan) -> memoryview | None:
         import torch
 
         from sparkdist.torchtrain.datacheck import check_stats, combine
@@ -278,6 +281,10 @@ class _Trainer:
                                      resumed or {})
         ranks = self._all_ranks(time.perf_counter() - started, strategy.state_bytes(optimizer),
                                 tcp_bytes_sent() - sent)
+        # training is over: free the optimizer state and gradients (the last checkpoint has
+        # them) before rank 0 gathers and serialises the whole model
+        optimizer.state.clear()
+        optimizer.zero_grad(set_to_none=True)
         final = None if best else strategy.full_state()
         if self.context.rank != 0:
             return None

@@ -1,8 +1,9 @@
 """The issue's memory claim under a budget that is really enforced: every Python worker of a
-local-cluster[2,1,2048] may map at most 3300 MiB (spark.executor.pyspark.memory, an RLIMIT_AS
-on the worker). An MLP of 128 MiB of weights (512 MiB with gradients and Adam's moments) runs
+local-cluster[2,1,2048] may map at most 3400 MiB (spark.executor.pyspark.memory, an RLIMIT_AS
+on the worker). An MLP of 256 MiB of weights (1 GiB with gradients and Adam's moments) runs
 out of memory under ddp and trains under fsdp on 2 workers, where each rank holds half of the
-training state. Its own driver (one SparkContext per process), about 5 minutes on 2 busy
+training state. Measured here: the same holds at 3100 and at 3700 MiB, so the cap has room
+either way. Its own driver (one SparkContext per process), about 5 minutes on 2 busy
 cores."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import sys
 
 import pytest
 
-BUDGET_MB, HIDDEN = 3300, [4096, 4096, 4096]
+BUDGET_MB, HIDDEN = 3400, [4096] * 5
 CODE = f"""
 import json
 from sparkdist.torchtrain.budget import budget_session, compare_under_budget

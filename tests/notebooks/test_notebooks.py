@@ -82,6 +82,10 @@ def test_deep_learning_notebook(spark, nb_env):
     assert [h["epoch"] for h in ns["resumed"].history] == [1, 2, 3, 4]
     assert (nb_env / "ckpt" / "demo").is_dir()
     assert ns["gpu_scheduled"] is False  # the test session schedules no GPUs
+    # fsdp: each rank holds at most half the whole training state, under the budget
+    assert ns["whole_mb"] > ns["budget_mb"]
+    assert len(ns["held"]) == 2 and all(held <= 0.55 * ns["whole_mb"] for held in ns["held"])
+    assert ns["sharded"].trainingSummary["strategy"] == "fsdp"
 
 
 # ----------------------------------------------------------------- notebook format

@@ -13,6 +13,7 @@ import torch
 from sparkdist.exceptions import ParamError
 from sparkdist.failpoints import arm
 from sparkdist.models import TorchEstimator, TorchModel
+from tests.torchfits import accuracy, same_weights, train_stage
 
 SETTINGS = {"progress": False, "batchSize": 100, "learningRate": 0.01, "numWorkers": 2,
             "modelKwargs": {"hidden": [32, 16], "dropout": 0.1}, "seed": 7,
@@ -37,18 +38,10 @@ def fsdp_model(data, tmp_path_factory):
                           checkpointEverySteps=10, **SETTINGS).fit(data[0])
 
 
-def _accuracy(model, df) -> float:
-    return model.transform(df).where("prediction = label").count() / df.count()
-
-
-def _same_weights(a, b) -> bool:
-    first, second = a.module().state_dict(), b.module().state_dict()
-    return first.keys() == second.keys() and all(torch.equal(first[k], second[k])
-                                                  for k in first)
 
 
 @pytest.mark.slow
-def test_fsdp_follows_ddps_loss_curve_and_reaches_its_accuracy(ddp_model, fsdp_model, data):
+def test_fsdp_follows_ddps_loss_curve_and_reaches_itsaccuracy(ddp_model, fsdp_model, data):
     """Same seed: FSDP2 averages the reduce-scattered gradients over the ranks as DDP's
     all-reduce does, so the per-epoch losses agree to float tolerance."""
     assert fsdp_model.trainingSummary["world_size"] == 2
@@ -60,12 +53,12 @@ def test_fsdp_follows_ddps_loss_curve_and_reaches_its_accuracy(ddp_model, fsdp_m
     assert [epoch["val_loss"] for epoch in fsdp_model.history] == pytest.approx(
         [epoch["val_loss"] for epoch in ddp_model.history], rel=1e-5)
     assert fsdp_model.trainingSummary["best_epoch"] == ddp_model.trainingSummary["best_epoch"]
-    ddp_accuracy, fsdp_accuracy = _accuracy(ddp_model, data[1]), _accuracy(fsdp_model, data[1])
+    ddp_accuracy, fsdp_accuracy = accuracy(ddp_model, data[1]), accuracy(fsdp_model, data[1])
     assert ddp_accuracy > 0.8 and fsdp_accuracy >= ddp_accuracy - 0.01
 
 
 @pytest.mark.slow
-def test_a_rank_killed_mid_fit_resumes_from_the_shards_to_the_same_weights(
+def test_a_rank_killed_mid_fit_resumes_from_the_shards_to_thesame_weights(
         data, fsdp_model, tmp_path):
     """checkpointEverySteps=10 (20 steps an epoch): a SIGKILL at step 13 of epoch 3 resumes
     after its step 10, from every rank's shard."""
@@ -79,7 +72,7 @@ def test_a_rank_killed_mid_fit_resumes_from_the_shards_to_the_same_weights(
     assert (summary["resumed_from_epoch"], summary["resumed_from_step"]) == (2, 10)
     assert [epoch["loss"] for epoch in model.history] == pytest.approx(
         [epoch["loss"] for epoch in fsdp_model.history], rel=1e-6)
-    assert _same_weights(model, fsdp_model)
+    assert same_weights(model, fsdp_model)
     run = sorted(os.listdir(checkpoint_dir / summary["run_id"]))
     # the kept checkpoints and only their shard directories (pruned with them)
     assert [name for name in run if name.startswith(("ckpt-", "shards-"))] == [
@@ -93,19 +86,11 @@ def test_a_sharded_checkpoint_of_two_workers_loads_into_one(data, tmp_path):
     """A 2-worker run continued on 1 worker: one rank reads both shards. First the ranks'
     resume path alone (epochs equal to the checkpoint's: the fit ends with exactly what it
     loaded), then through the estimator, resume='required' allowing the new worker count."""
-    from sparkdist.models import _torch_checks as checks
-    from sparkdist.torchtrain import launch, loop
-
     two = TorchEstimator(epochs=2, strategy="fsdp", checkpointDir=str(tmp_path), runId="r",
                          **SETTINGS).fit(data[0])
     one_worker = {**SETTINGS, "numWorkers": 1, "batchSize": 200}  # the same global batch
     one = TorchEstimator(epochs=2, strategy="fsdp", **one_worker)
-    code = {"module": loop.resolve_model(one.getOrDefault("model")),
-            "loss_fn": loop.resolve_loss(one.getOrDefault("loss"))}
-    prepared = checks.prepare(one, data[0])
-    stats = one._read_data(data[0], prepared, identity=False)
-    spec = {**one._spec(stats), **code, "checkpoint_dir": str(tmp_path / "r"), "run_id": "r"}
-    state, header = loop.unpack_result(launch.train(prepared, spec, one.getOrDefault))
+    state, header = train_stage(one, data[0], str(tmp_path / "r"))
     assert header["world_size"] == 1 and header["resumed_from_epoch"] == 2
     assert header["history"] == two.history
     reference = two.module().state_dict()
@@ -127,7 +112,7 @@ def test_the_fitted_model_saves_loads_and_scores(fsdp_model, data, tmp_path):
         "layers.3.bias": (16,), "layers.6.weight": (1, 16), "layers.6.bias": (1,)}
     fsdp_model.save(str(tmp_path / "model"))
     loaded = TorchModel.load(str(tmp_path / "model"))
-    assert _same_weights(loaded, fsdp_model)
+    assert same_weights(loaded, fsdp_model)
     before = fsdp_model.transform(data[1]).select("probability").collect()
     after = loaded.transform(data[1]).select("probability").collect()
     assert before == after

@@ -19,6 +19,7 @@ from sparkdist.exceptions import ParamError
 from sparkdist.failpoints import arm
 from sparkdist.models import TorchEstimator, TorchModel
 from sparkdist.torchtrain.nets import MLP
+from tests.torchfits import accuracy, same_weights, train_stage
 
 # Classes defined here travel to the executors by value (the test module is not importable
 # there).
@@ -66,18 +67,10 @@ def dropout_model(data, tmp_path_factory):
                           **SETTINGS).fit(data[0])
 
 
-def _accuracy(model, df) -> float:
-    return model.transform(df).where("prediction = label").count() / df.count()
-
-
-def _same_weights(a, b) -> bool:
-    first, second = a.module().state_dict(), b.module().state_dict()
-    return first.keys() == second.keys() and all(torch.equal(first[k], second[k])
-                                                  for k in first)
 
 
 @pytest.mark.slow
-def test_pipeline_follows_ddps_loss_curve_and_reaches_its_accuracy(ddp_model, pipeline_model,
+def test_pipeline_follows_ddps_loss_curve_and_reaches_itsaccuracy(ddp_model, pipeline_model,
                                                                    data):
     """Same seed, same initial weights, same global batches: the replica trains on both
     ranks' rows and each step's gradient is the mean over them, as ddp's, summed in another
@@ -93,8 +86,8 @@ def test_pipeline_follows_ddps_loss_curve_and_reaches_its_accuracy(ddp_model, pi
     for name in ("val_loss", "val_accuracy"):
         assert pipeline[0][name] == pytest.approx(ddp[0][name], rel=2e-3)
     assert pipeline[-1]["loss"] < 0.7 * pipeline[0]["loss"]
-    ddp_accuracy = _accuracy(ddp_model, data[1])
-    assert ddp_accuracy > 0.85 and _accuracy(pipeline_model, data[1]) >= ddp_accuracy - 0.01
+    ddp_accuracy = accuracy(ddp_model, data[1])
+    assert ddp_accuracy > 0.85 and accuracy(pipeline_model, data[1]) >= ddp_accuracy - 0.01
 
 
 @pytest.mark.slow
@@ -122,7 +115,7 @@ def test_gpipe_and_1f1b_train_the_same_model(pipeline_model, gpipe_model, data):
     assert gpipe[0]["loss"] == pytest.approx(one_f_one_b[0]["loss"], rel=1e-4)
     assert gpipe[-1]["loss"] == pytest.approx(one_f_one_b[-1]["loss"], rel=0.05)
     assert gpipe[-1]["loss"] < 0.7 * gpipe[0]["loss"]
-    assert abs(_accuracy(gpipe_model, data[1]) - _accuracy(pipeline_model, data[1])) <= 0.01
+    assert abs(accuracy(gpipe_model, data[1]) - accuracy(pipeline_model, data[1])) <= 0.01
 
 
 @pytest.mark.slow
@@ -136,7 +129,7 @@ def test_each_rank_holds_about_half_of_ddps_state_bytes(ddp_model, pipeline_mode
 
 
 @pytest.mark.slow
-def test_a_rank_killed_mid_fit_resumes_to_the_same_weights(data, dropout_model, tmp_path):
+def test_a_rank_killed_mid_fit_resumes_to_thesame_weights(data, dropout_model, tmp_path):
     """checkpointEverySteps=10 (32 steps an epoch): a SIGKILL of the last stage at step 13 of
     epoch 3 resumes after its step 10 from the merged checkpoint, and each stage's dropout
     masks are drawn again alike (every step reseeds every rank)."""
@@ -150,37 +143,27 @@ def test_a_rank_killed_mid_fit_resumes_to_the_same_weights(data, dropout_model, 
     assert (summary["resumed_from_epoch"], summary["resumed_from_step"]) == (2, 10)
     assert [epoch["loss"] for epoch in model.history] == pytest.approx(
         [epoch["loss"] for epoch in dropout_model.history], rel=1e-6)
-    assert _same_weights(model, dropout_model)
+    assert same_weights(model, dropout_model)
     assert dropout_model.history[-1]["loss"] < 0.8 * dropout_model.history[0]["loss"]
 
 
 @pytest.mark.slow
 def test_a_two_stage_checkpoint_loads_into_one_worker(data, tmp_path):
-    """The ranks' resume path with numWorkers changed (the driver's run guard refuses a
-    changed numWorkers for a runId, so the stage is launched directly): the one rank, a
+    """The ranks' resume path alone with numWorkers changed (the stage launched directly;
+    the estimator's resume='required' path is in test_strategy_fsdp.py): the one rank, a
     single stage, takes every stage's weights and Adam moments by parameter name."""
-    from sparkdist.models import _torch_checks as checks
-    from sparkdist.torchtrain import launch, loop
-
     two = TorchEstimator(epochs=2, strategy="pipeline", modelKwargs=BALANCED,
                          checkpointDir=str(tmp_path), runId="r", **SETTINGS).fit(data[0])
     one = TorchEstimator(epochs=2, strategy="pipeline", modelKwargs=BALANCED,
                          **{**SETTINGS, "numWorkers": 1, "batchSize": 128})
-    code = {"module": loop.resolve_model(one.getOrDefault("model")),
-            "loss_fn": loop.resolve_loss(one.getOrDefault("loss"))}
-    prepared = checks.prepare(one, data[0])
-    stats = one._read_data(data[0], prepared, identity=False)
-    spec = {**one._spec(stats), **code, "checkpoint_dir": str(tmp_path / "r"), "run_id": "r"}
-    assert spec["pipeline_stages"] == 1
-    state, header = loop.unpack_result(launch.train(prepared, spec, one.getOrDefault))
+    state, header = train_stage(one, data[0], str(tmp_path / "r"))
     assert header["world_size"] == 1 and header["resumed_from_epoch"] == 2
     assert header["history"] == two.history
     reference = two.module().state_dict()
     assert state.keys() == reference.keys()
     assert all(torch.equal(state[name], reference[name]) for name in reference)
     # and it trains on from there: a third epoch on one worker
-    spec["epochs"] = 3
-    state, header = loop.unpack_result(launch.train(prepared, spec, one.getOrDefault))
+    state, header = train_stage(one, data[0], str(tmp_path / "r"), epochs=3)
     assert [epoch["epoch"] for epoch in header["history"]] == [1, 2, 3]
     assert header["history"][2]["loss"] < header["history"][1]["loss"]
 
@@ -193,7 +176,7 @@ def test_the_fitted_model_saves_loads_and_scores(pipeline_model, ddp_model, data
         name: value.shape for name, value in ddp_model.module().state_dict().items()}
     pipeline_model.save(str(tmp_path / "model"))
     loaded = TorchModel.load(str(tmp_path / "model"))
-    assert _same_weights(loaded, pipeline_model)
+    assert same_weights(loaded, pipeline_model)
     before = pipeline_model.transform(data[1]).select("probability").collect()
     after = loaded.transform(data[1]).select("probability").collect()
     assert before == after
@@ -213,7 +196,7 @@ def test_an_empty_partition_trains_and_validates_without_hanging(data):
                            **SETTINGS).fit(skewed)
     history = model.history
     assert history[-1]["loss"] < history[0]["loss"] and history[-1]["val_accuracy"] > 0.8
-    assert _accuracy(model, data[1]) > 0.8
+    assert accuracy(model, data[1]) > 0.8
 
 
 class Residual(nn.Module):

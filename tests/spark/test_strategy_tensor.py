@@ -18,6 +18,7 @@ from torch import nn
 from sparkdist.exceptions import ParamError
 from sparkdist.failpoints import arm
 from sparkdist.models import TorchEstimator, TorchModel
+from tests.torchfits import accuracy, same_weights, train_stage
 
 # Classes defined here travel to the executors by value (the test module is not importable
 # there).
@@ -56,18 +57,10 @@ def dropout_model(data, tmp_path_factory):
                           **SETTINGS).fit(data[0])
 
 
-def _accuracy(model, df) -> float:
-    return model.transform(df).where("prediction = label").count() / df.count()
-
-
-def _same_weights(a, b) -> bool:
-    first, second = a.module().state_dict(), b.module().state_dict()
-    return first.keys() == second.keys() and all(torch.equal(first[k], second[k])
-                                                  for k in first)
 
 
 @pytest.mark.slow
-def test_tensor_follows_ddps_loss_curve_and_reaches_its_accuracy(ddp_model, tensor_model,
+def test_tensor_follows_ddps_loss_curve_and_reaches_itsaccuracy(ddp_model, tensor_model,
                                                                  data):
     """Same seed, same global batches: every rank computes the whole batch's mean loss on
     its slices of the layers, so each step's gradient is ddp's averaged one, summed in
@@ -81,7 +74,7 @@ def test_tensor_follows_ddps_loss_curve_and_reaches_its_accuracy(ddp_model, tens
         assert tensor[0][name] == pytest.approx(ddp[0][name], rel=1e-5)
         assert tensor[1][name] == pytest.approx(ddp[1][name], rel=1e-4)
     assert tensor[-1]["loss"] < 0.7 * tensor[0]["loss"]
-    ddp_accuracy, tensor_accuracy = _accuracy(ddp_model, data[1]), _accuracy(tensor_model,
+    ddp_accuracy, tensor_accuracy = accuracy(ddp_model, data[1]), accuracy(tensor_model,
                                                                              data[1])
     assert ddp_accuracy > 0.85 and tensor_accuracy >= ddp_accuracy - 0.01
 
@@ -97,7 +90,7 @@ def test_each_rank_holds_about_half_of_ddps_state_bytes(ddp_model, tensor_model)
 
 
 @pytest.mark.slow
-def test_a_rank_killed_mid_fit_resumes_to_the_same_weights(data, dropout_model, tmp_path):
+def test_a_rank_killed_mid_fit_resumes_to_thesame_weights(data, dropout_model, tmp_path):
     """checkpointEverySteps=10 (32 steps an epoch): a SIGKILL at step 13 of epoch 3 resumes
     after its step 10 from the ranks' shards, and the dropout masks (rank 0's seed
     for the whole activations, each rank's own inside a split pair) are drawn again alike."""
@@ -111,7 +104,7 @@ def test_a_rank_killed_mid_fit_resumes_to_the_same_weights(data, dropout_model, 
     assert (summary["resumed_from_epoch"], summary["resumed_from_step"]) == (2, 10)
     assert [epoch["loss"] for epoch in model.history] == pytest.approx(
         [epoch["loss"] for epoch in dropout_model.history], rel=1e-6)
-    assert _same_weights(model, dropout_model)
+    assert same_weights(model, dropout_model)
     assert dropout_model.history[-1]["loss"] < 0.8 * dropout_model.history[0]["loss"]
     run = tmp_path / "ckpt" / summary["run_id"]
     shards = [run / name for name in os.listdir(run) if name.startswith("shards-")]
@@ -122,29 +115,20 @@ def test_a_rank_killed_mid_fit_resumes_to_the_same_weights(data, dropout_model, 
 
 @pytest.mark.slow
 def test_a_checkpoint_of_two_workers_loads_into_one(data, tmp_path):
-    """The ranks' resume path with numWorkers changed (the driver's run guard refuses a
-    changed numWorkers for a runId, so the stage is launched directly): the one rank takes
+    """The ranks' resume path alone with numWorkers changed (the stage launched directly;
+    the estimator's resume='required' path is in test_strategy_fsdp.py): the one rank takes
     the whole of every tensor the two ranks had split."""
-    from sparkdist.models import _torch_checks as checks
-    from sparkdist.torchtrain import launch, loop
-
     two = TorchEstimator(epochs=2, strategy="tensor", modelKwargs=WIDE,
                          checkpointDir=str(tmp_path), runId="r", **SETTINGS).fit(data[0])
     one = TorchEstimator(epochs=2, strategy="tensor", modelKwargs=WIDE,
                          **{**SETTINGS, "numWorkers": 1, "batchSize": 128})
-    code = {"module": loop.resolve_model(one.getOrDefault("model")),
-            "loss_fn": loop.resolve_loss(one.getOrDefault("loss"))}
-    prepared = checks.prepare(one, data[0])
-    stats = one._read_data(data[0], prepared, identity=False)
-    spec = {**one._spec(stats), **code, "checkpoint_dir": str(tmp_path / "r"), "run_id": "r"}
-    state, header = loop.unpack_result(launch.train(prepared, spec, one.getOrDefault))
+    state, header = train_stage(one, data[0], str(tmp_path / "r"))
     assert header["world_size"] == 1 and header["resumed_from_epoch"] == 2
     assert header["history"] == two.history
     reference = two.module().state_dict()
     assert all(torch.equal(state[name], reference[name]) for name in reference)
     # and it trains on from there (Adam's moments re-split too): a third epoch on one worker
-    spec["epochs"] = 3
-    state, header = loop.unpack_result(launch.train(prepared, spec, one.getOrDefault))
+    state, header = train_stage(one, data[0], str(tmp_path / "r"), epochs=3)
     assert [epoch["epoch"] for epoch in header["history"]] == [1, 2, 3]
     assert header["history"][2]["loss"] < header["history"][1]["loss"]
 
@@ -158,7 +142,7 @@ def test_the_fitted_model_saves_loads_and_scores(tensor_model, data, tmp_path):
         "layers.2.bias": (128,), "layers.4.weight": (1, 128), "layers.4.bias": (1,)}
     tensor_model.save(str(tmp_path / "model"))
     loaded = TorchModel.load(str(tmp_path / "model"))
-    assert _same_weights(loaded, tensor_model)
+    assert same_weights(loaded, tensor_model)
     before = tensor_model.transform(data[1]).select("probability").collect()
     after = loaded.transform(data[1]).select("probability").collect()
     assert before == after
@@ -177,7 +161,7 @@ def test_an_empty_partition_trains_and_validates_without_hanging(data):
                            **SETTINGS).fit(skewed)
     history = model.history
     assert history[-1]["loss"] < history[0]["loss"] and history[-1]["val_accuracy"] > 0.8
-    assert _accuracy(model, data[1]) > 0.8
+    assert accuracy(model, data[1]) > 0.8
 
 
 class NoLinear(nn.Module):

@@ -27,3 +27,18 @@ def test_table_markdown_and_chart_from_measured_figures(tmp_path):
     assert text.count("\n| ") == len(rows) + 1 and "a test machine" in text
     report.chart(rows, tmp_path / "chart.png")
     assert (tmp_path / "chart.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_rows_of_the_strategy_communication_and_int8_benchmarks():
+    figures = {name: _committed(name) for name in ("parallel", "communication", "quantization")}
+    rows = report.table(figures)
+    strategies = figures["parallel"]["strategies"]
+    state_rows = [row for row in rows if "Adam state on the busiest rank" in row["comparison"]]
+    assert [row["ratio"] for row in state_rows] == [
+        strategies[name]["state_ratio"] for name in ("fsdp", "pipeline", "tensor")]
+    assert all(row["target"] == "<= 0.55" for row in state_rows)
+    straggler = [row for row in rows if row["comparison"].startswith("One rank slowed 2x")]
+    assert straggler[0]["ratio"] == figures["communication"]["straggler"]["best"]["ratio"]
+    int8 = [row for row in rows if "int8 vs float32, test accuracy" in row["comparison"]]
+    assert int8[0]["ratio"] == figures["quantization"]["accuracy"]["difference_pp"]
+    assert report.markdown(rows, "m").count("\n| ") == len(rows) + 1

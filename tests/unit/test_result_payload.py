@@ -12,7 +12,7 @@ from sparkdist.torchtrain import launch, loop
 
 def test_weights_and_header_round_trip_and_the_driver_may_add_to_the_header():
     payload = loop.pack_result({"w": torch.arange(6.0).reshape(2, 3)}, {"history": [1]})
-    state, header = loop.unpack_result(launch.with_header(payload, worker_counts=[2]))
+    state, header = loop.unpack_result(launch.with_header(bytes(payload), worker_counts=[2]))
     assert torch.equal(state["w"], torch.arange(6.0).reshape(2, 3))
     assert header == {"history": [1], "worker_counts": [2]}
 
