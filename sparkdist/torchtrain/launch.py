@@ -16,7 +16,6 @@ sees about the share of rows it has left, not the very same rows. The history of
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import math
@@ -26,7 +25,7 @@ from pyspark.sql import DataFrame
 
 from sparkdist.launch.barrier import BarrierSettings, run_barrier
 from sparkdist.launch.elastic import ElasticPlan
-from sparkdist.torchtrain import loop
+from sparkdist.torchtrain import loop, strategies
 
 _LOG = logging.getLogger("sparkdist.models.torch")
 
@@ -41,7 +40,7 @@ def train(prepared: DataFrame, spec: dict[str, Any], get: Any) -> bytes:
                    f"{spec['num_workers']} workers")
     plan = ElasticPlan(min_workers=spec.get("min_workers") or spec["num_workers"],
                        slot_wait_s=spec.get("slot_wait_s", 300.0), for_world=for_world,
-                       usable=_usable(spec))
+                       usable=strategies.usable(spec))
     with _Progress(spec["epochs"], enabled=get("progress"), plan=plan) as progress:
         payload = run_barrier(prepared, loop.fit_worker, spec, spec["num_workers"],
                               settings=settings, timeout_s=get("timeoutSeconds"),
@@ -56,19 +55,6 @@ def for_world(spec: dict[str, Any], world: int) -> dict[str, Any]:
     kept (module docstring)."""
     global_batch = spec["batch_size"] * spec["num_workers"]
     return {**spec, "num_workers": world, "batch_size": math.ceil(global_batch / world)}
-
-
-def _usable(spec: dict[str, Any]) -> Any:
-    """Which worker counts the strategy can run on: a multiple of the pipeline stages for
-    ``pipeline``, any for the others."""
-    if spec.get("strategy") == "pipeline":
-        stages = int(spec.get("pipeline_stages") or spec["num_workers"])
-        return functools.partial(_multiple_of, stages)
-    return lambda world: True
-
-
-def _multiple_of(stages: int, world: int) -> bool:
-    return world % stages == 0
 
 
 def with_header(payload: bytes, **extra: Any) -> bytes:

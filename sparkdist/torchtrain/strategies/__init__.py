@@ -17,6 +17,7 @@ checkpoints (collective).
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from sparkdist.columns import check_one_of
@@ -45,6 +46,17 @@ def check(spec: dict[str, Any], module: torch.nn.Module) -> None:
     """The chosen strategy's preflight on the driver: ParamError naming the Param and the fix
     for a configuration that cannot train (before anything is launched)."""
     strategy_module(spec.get("strategy", "ddp")).check(spec, module)
+
+
+def usable(spec: dict[str, Any]) -> Callable[[int], bool]:
+    """``world -> bool``: the worker counts an elastic restart may run the chosen strategy
+    on (its module's ``usable(spec)`` where it limits them, e.g. pipeline, tensor)."""
+    limit = getattr(strategy_module(spec.get("strategy", "ddp")), "usable", None)
+    return limit(spec) if limit else _any_world
+
+
+def _any_world(world: int) -> bool:
+    return True
 
 
 class Strategy:

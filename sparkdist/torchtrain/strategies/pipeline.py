@@ -52,6 +52,18 @@ if TYPE_CHECKING:
 FORMAT = "pipeline-stage-files"
 
 
+def usable(spec: dict[str, Any]) -> Any:
+    """``world -> bool``: an elastic restart needs a multiple of the stages."""
+    import functools
+
+    return functools.partial(_multiple_of, int(spec.get("pipeline_stages")
+                                               or spec["num_workers"]))
+
+
+def _multiple_of(stages: int, world: int) -> bool:
+    return world % stages == 0
+
+
 def check(spec: dict[str, Any], module: torch.nn.Module) -> None:
     """Driver preflight: ParamError naming the Param and the fix."""
     from sparkdist.torchtrain.strategies import pipeline_split
