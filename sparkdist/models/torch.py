@@ -270,12 +270,15 @@ class TorchEstimator(Estimator, _TorchParams, HasSeed, HasRecovery, ParamsPersis
         typeConverter=TypeConverters.toInt)
     syncWarmupSteps: Param[int] = Param(
         Params._dummy(), "syncWarmupSteps",
-        "local SGD: fully synchronous steps before local steps start, >= 0",
+        "local SGD: fully synchronous steps before local steps start (and before PowerSGD "
+        "compresses), >= 0",
         typeConverter=TypeConverters.toInt)
     maxStaleness: Param[int] = Param(
         Params._dummy(), "maxStaleness",
         "bounded staleness: steps a fast worker may run ahead of the slowest before it "
-        "waits; 0: off (synchronous, bitwise reproducible)", typeConverter=TypeConverters.toInt)
+        "waits (a lagging worker skips steps, their batches left out); the fit is then not "
+        "reproducible; 0: off (synchronous, bitwise reproducible)",
+        typeConverter=TypeConverters.toInt)
     gradientCompression: Param[str] = Param(
         Params._dummy(), "gradientCompression",
         "gradients sent as 'none' (float32), 'fp16', 'bf16' or 'powersgd'",
