@@ -284,7 +284,8 @@ class _Trainer:
         # training is over: free the optimizer state and gradients (the last checkpoint has
         # them) before rank 0 gathers and serialises the whole model
         optimizer.state.clear()
-        optimizer.zero_grad(set_to_none=True)
+        for parameter in strategy.module.parameters():  # not zero_grad: Horovod's takes no
+            parameter.grad = None                        # set_to_none
         final = None if best else strategy.full_state()
         if self.context.rank != 0:
             return None
