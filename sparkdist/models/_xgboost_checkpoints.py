@@ -357,7 +357,7 @@ def _root_cause(sc: Any, group: str, err: BaseException) -> str:
     return worker_message((own or failures or [str(err)])[0])
 
 
-def _failed_tasks(sc: Any, group: str, wait_s: float = 5.0) -> list[str]:
+def _failed_tasks(sc: Any, group: str, wait_s: float = 15.0) -> list[str]:
     """Error messages of the failed tasks in the group's failed jobs, first to end first.
     Spark's status store is updated asynchronously: waits (at most ``wait_s``) until the
     group's jobs and their failed stages' tasks are no longer running."""
