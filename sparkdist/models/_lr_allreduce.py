@@ -429,19 +429,21 @@ class _Solver:
         y = torch.from_numpy(part.y).to(device)
         w = torch.from_numpy(part.w).to(device)
         fit_intercept = self.args["fit_intercept"]
-        labels = y.long()
-        rows = torch.arange(part.rows, device=device)
+        labels = y.long()[:, None]
+        minus_one = torch.full_like(y[:, None], -1.0)
 
         def local(theta: torch.Tensor) -> torch.Tensor:
-            if self.multinomial:
+            if self.multinomial:  # in place on one (rows, classes) buffer, one exp pass
                 coefficients = theta[:classes * dim].view(classes, dim)
-                margins = x @ coefficients.T
-                if fit_intercept:
-                    margins += theta[classes * dim:]
-                norm = torch.logsumexp(margins, dim=1)
-                loss = (w * (norm - margins[rows, labels])).sum()
-                residual = torch.exp(margins - norm[:, None])
-                residual[rows, labels] -= 1.0
+                intercepts = theta[classes * dim:] if fit_intercept else theta.new_zeros(classes)
+                residual = torch.addmm(intercepts, x, coefficients.T)  # the margins, first
+                residual -= residual.amax(dim=1, keepdim=True)
+                own = residual.gather(1, labels)[:, 0]
+                residual.exp_()
+                total = residual.sum(dim=1, keepdim=True)
+                loss = (w * (torch.log(total[:, 0]) - own)).sum()
+                residual /= total  # the probabilities
+                residual.scatter_add_(1, labels, minus_one)
                 residual *= w[:, None]
                 grads = [(residual.T @ x).reshape(-1)]
                 if fit_intercept:
