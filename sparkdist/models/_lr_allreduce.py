@@ -94,7 +94,7 @@ def _plan(dataset: DataFrame, inner: Any, stats: Any) -> Plan | str:
     if bounds:
         raise ParamError(f"solver='allreduce' does not take bounds ({', '.join(bounds)}); "
                          "MLlib's L-BFGS-B does: set solver='mllib'.")
-    if stats["classes"] <= 1:
+    if stats["min"] == stats["max"]:
         return "the label has a single class (MLlib's model for it needs no optimisation)"
     from sparkdist.launch.preflight import task_slots
 

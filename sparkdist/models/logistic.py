@@ -176,10 +176,11 @@ class LogisticRegression(_TunedClassifier, MLlibEstimator, _LRParams):
         return _lr_allreduce.fit(dataset, inner, found, weight)
 
     def _check_classes(self, stats: Any) -> None:
-        self._label_stats = stats  # rows and classes, for the solver's plan
+        self._label_stats = stats  # rows and label range, for the solver's plan
         # MLlib counts max(label) + 1 classes; binomial takes at most 2.
         if self.getFamily().lower() == "binomial" and stats["max"] > 1:
             raise ParamError(
                 f"family='binomial' fits 2 classes, but labelCol '{self.getLabelCol()}' holds "
-                f"{stats['classes']} classes (up to {stats['max']:g}); use family='auto' or "
-                "'multinomial', or make the label binary (0/1).")
+                f"labels up to {stats['max']:g} ({int(stats['max']) + 1} classes as MLlib "
+                "counts them); use family='auto' or 'multinomial', or make the label binary "
+                "(0/1).")

@@ -129,7 +129,8 @@ MODELS: list[Case] = [  # D12: labels and MLlib Param ranges (x = 0 on 9 of the 
          SchemaError, r"labelCol: column 'label' holds fractional values.*class indices"),
     Case("F7-lr-binomial-three-classes", lambda c: _model_fit(
         c, "LogisticRegression", "x % 3", family="binomial"), ParamError,
-         r"family='binomial' fits 2 classes, but labelCol 'label' holds 3 classes.*"
+         r"family='binomial' fits 2 classes, but labelCol 'label' holds labels up to 2 "
+         r"\(3 classes.*"
          r"'multinomial'"),
     Case("M2b-rf-null-label", lambda c: _model_fit(c, "RandomForestClassifier",
                                                    "IF(x = 0, NULL, label)"),
