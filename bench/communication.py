@@ -10,8 +10,8 @@ warm-up fit of each side, the sides alternating (A B C ... A B C ...). The warm-
 is reported as ``first_fit_s`` (the first fit of that side in this session; truly cold, with
 fresh Python workers, only for the first side, fp32).
 
---quick: small data, 1 epoch, one fit per side (no warm-up). --only plain|straggler: one
-section (printed, not saved).
+--quick: small data, 1 epoch, one fit per side (no warm-up). --only plain|straggler|wide:
+one section (printed, not saved).
 
 - per mode: allreduce bytes per step per rank (what the gradient hook or model average
   handed to ``all_reduce``, from ``trainingSummary["ranks"]``), samples/s (training rows x
@@ -21,6 +21,11 @@ section (printed, not saved).
 - straggler: the same, with rank 1 slowed 2x (it sleeps as long as each step it computes
   took: :mod:`sparkdist.torchtrain.straggle`), each mode's time to accuracy against fp32's
   with the same straggler; target: the best mode <= 0.7.
+- straggler_wide_model: the straggler section again with ``modelKwargs={"hidden": [256,
+  256]}`` for every side. The default MLP's step is mostly fixed per-step costs (the feed,
+  Python, the collectives' latency) that the straggler's sleep does not double, so there a
+  slowed rank costs DDP little and no mode can win much back; a wider model's step is mostly
+  computation, as in the jobs this mode is for.
 
 Prints one JSON line; a full run (no --quick) also saves bench/results/communication.json.
 
@@ -47,14 +52,19 @@ MODES: dict[str, dict[str, Any]] = {
 }
 TARGET = "<= 0.7"
 SLOWED: dict[str, Any] = {"rank": 1, "factor": 2.0}
+#: The straggler section again with a wider MLP, whose steps are mostly computation: with the
+#: default MLP a step is mostly fixed per-step costs, which the straggler does not double.
+WIDE: dict[str, Any] = {"hidden": [256, 256]}
 
 
-def fit(data: Any, mode: str, epochs: int, straggler: bool) -> tuple[Any, float]:
+def fit(data: Any, mode: str, epochs: int, straggler: bool,
+        model_kwargs: dict[str, Any] | None = None) -> tuple[Any, float]:
     from sparkdist.models import TorchEstimator
     from sparkdist.torchtrain import straggle
 
+    shape = {"modelKwargs": model_kwargs} if model_kwargs else {}
     estimator = TorchEstimator(numWorkers=2, epochs=epochs, validationFraction=0.1, seed=7,
-                               progress=False, **MODES[mode])
+                               progress=False, **shape, **MODES[mode])
     if straggler:
         straggle.arm(estimator, **SLOWED)
     started = time.perf_counter()
@@ -63,14 +73,15 @@ def fit(data: Any, mode: str, epochs: int, straggler: bool) -> tuple[Any, float]
 
 
 def measure(data: Any, modes: list[str], epochs: int, repeats: int, straggler: bool,
-            warm_up: bool = True) -> dict[str, dict[str, Any]]:
+            warm_up: bool = True, model_kwargs: dict[str, Any] | None = None,
+            ) -> dict[str, dict[str, Any]]:
     """Per mode: the first fit's seconds, the timed fits' seconds, their histories and the
     last fit's per-rank summary (the modes alternating). With ``warm_up`` (not --quick) the
     first fit is untimed."""
     runs: dict[str, dict[str, Any]] = {m: {"seconds": [], "histories": []} for m in modes}
     for round_ in range(repeats + warm_up):
         for mode in modes:
-            model, seconds = fit(data, mode, epochs, straggler)
+            model, seconds = fit(data, mode, epochs, straggler, model_kwargs)
             run = runs[mode]
             run.setdefault("first_fit_s", seconds)
             if warm_up and round_ == 0:
@@ -153,7 +164,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--accuracy", type=float, default=0.95, help="validation accuracy")
-    parser.add_argument("--only", choices=("plain", "straggler"),
+    parser.add_argument("--only", choices=("plain", "straggler", "wide"),
                         help="one section (a partial run: printed, not saved)")
     parser.add_argument("--modes", default=",".join(MODES),
                         help="comma-separated modes, fp32 included (a partial run)")
@@ -169,26 +180,32 @@ def main() -> None:
     data.count()
     modes, warm_up = options.modes.split(","), not options.quick
     assert modes[0] == "fp32" and set(modes) <= set(MODES), f"--modes {options.modes}"
-    plain = slowed = None
-    if options.only != "straggler":
+    plain = slowed = wide = None
+    if options.only in (None, "plain"):
         plain = figures(measure(data, modes, epochs, repeats, False, warm_up), epochs,
                         threshold)
-    if options.only != "plain":
+    if options.only in (None, "straggler"):
         slowed = figures(measure(data, modes, epochs, repeats, True, warm_up), epochs,
                          threshold)
+    if options.only in (None, "wide"):
+        wide = figures(measure(data, modes, epochs, repeats, True, warm_up, WIDE), epochs,
+                       threshold)
     result = {
         "quick": options.quick, "machine": machine(spark), "modes": MODES,
         "settings": {"rows": rows, "epochs": epochs, "threshold": threshold, "workers": 2,
                      "repeats": repeats, "straggler": SLOWED},
         "per_mode": plain,
         "straggler": slowed and {"per_mode": slowed, "best": best(slowed)},
+        "straggler_wide_model": wide and {"modelKwargs": WIDE, "per_mode": wide,
+                                          "best": best(wide)},
         "best_without_straggler": plain and best(plain),
         "definition": ("TorchEstimator fits on 2 workers of datasets.make_nonlinear(rows, "
                        "dim=8), defaults but for each mode's Params, validationFraction=0.1; "
                        "wall clock on the driver around the whole fit, median of the timed "
                        "fits after one untimed warm-up fit per side, sides alternating; ratios "
                        "against fp32 DDP measured in the same run; straggler: rank 1 sleeps as "
-                       "long as each step it computes took"),
+                       "long as each step it computes took; straggler_wide_model: the same "
+                       "with modelKwargs " + str(WIDE)),
         "seconds": round(time.perf_counter() - started, 1)}
     write_result("communication", result, save=not (options.quick or options.only
                                                       or len(modes) < len(MODES)))

@@ -102,12 +102,14 @@ def _communication_rows(f: dict[str, Any], row: Any) -> None:
             f"(all-reduce bytes/step x{ratios['allreduce_bytes_per_step']}, samples/s "
             f"x{ratios['samples_per_s']})", side["time_to_accuracy_s"],
             f["per_mode"]["fp32"]["time_to_accuracy_s"], ratios["time_to_accuracy_s"], "-")
-    best = f.get("straggler", {}).get("best")
-    if best:
-        straggler = f["straggler"]["per_mode"]
-        row(f"One rank slowed 2x: best mode ({best['mode']}) vs fp32 DDP, time to accuracy",
-            straggler[best["mode"]]["time_to_accuracy_s"],
-            straggler["fp32"]["time_to_accuracy_s"], best["ratio"], best["target"])
+    for key, model in (("straggler", "default MLP"),
+                       ("straggler_wide_model", "MLP hidden [256, 256]")):
+        best = (f.get(key) or {}).get("best")
+        if best and best["mode"]:
+            straggler = f[key]["per_mode"]
+            row(f"One rank slowed 2x, {model}: best mode ({best['mode']}) vs fp32 DDP, time "
+                "to accuracy", straggler[best["mode"]]["time_to_accuracy_s"],
+                straggler["fp32"]["time_to_accuracy_s"], best["ratio"], best["target"])
 
 
 def _quantization_rows(f: dict[str, Any], row: Any) -> None:

@@ -59,7 +59,7 @@ def test_a_mode_that_never_reaches_the_threshold_has_no_time_and_no_verdict():
 
 
 @pytest.mark.slow
-def test_quick_run_prints_every_mode_with_and_without_the_straggler():
+def test_quick_run_prints_every_mode_with_and_without_the_straggler_on_both_models():
     done = subprocess.run([sys.executable, str(BENCH / "communication.py"), "--quick"],
                           capture_output=True, text=True, timeout=1200,
                           env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1",
@@ -67,7 +67,8 @@ def test_quick_run_prints_every_mode_with_and_without_the_straggler():
     assert done.returncode == 0, done.stderr[-3000:]
     line = json.loads(done.stdout.strip().splitlines()[-1])
     assert line["benchmark"] == "communication" and line["quick"] is True
-    for sides in (line["per_mode"], line["straggler"]["per_mode"]):
+    for sides in (line["per_mode"], line["straggler"]["per_mode"],
+                  line["straggler_wide_model"]["per_mode"]):
         assert set(sides) == set(communication.MODES)
         assert sides["fp16"]["ratios"]["allreduce_bytes_per_step"] == 0.5
         assert all(side["samples_per_s"] > 0 for side in sides.values())
