@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
@@ -44,3 +45,19 @@ def test_rows_of_the_strategy_communication_and_int8_benchmarks():
     int8 = [row for row in rows if "int8 vs float32, test accuracy" in row["comparison"]]
     assert int8[0]["ratio"] == figures["quantization"]["accuracy"]["difference_pp"]
     assert report.markdown(rows, "m").count("\n| ") == len(rows) + 1
+
+
+def test_a_rerun_of_one_benchmark_keeps_the_others_figures(tmp_path, monkeypatch):
+    latest = tmp_path / "latest.json"
+    latest.write_text(json.dumps({"benchmarks": {"deep": {"old": 1}, "classical": {"old": 2}}}))
+    monkeypatch.setattr(report, "LATEST", latest)
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    monkeypatch.setattr(report, "run", lambda name: {"new": name})
+    monkeypatch.setattr(report, "table", lambda figures: [])
+    monkeypatch.setattr(report, "chart", lambda rows, path: None)
+    monkeypatch.setattr(sys, "argv", ["report.py", "--only", "classical"])
+    report.main()
+    written = json.loads(latest.read_text())
+    assert written["benchmarks"] == {"classical": {"new": "classical"}, "deep": {"old": 1}}
+    assert written["rerun"] == ["classical"]
+    assert "--only classical" in (tmp_path / "latest.md").read_text()
