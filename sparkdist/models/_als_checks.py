@@ -33,14 +33,30 @@ def check_ratings_input(dataset: DataFrame, user: str, item: str, rating: str,
     Returns the stats row (``u_min``/``i_min``: the smallest user and item ids of an int
     column, else None), the id columns that are not ints (they need a mapping) and their
     :func:`~sparkdist.models._als_ids.id_counts` rows, collected in the same job."""
+    mapped = check_ratings_schema(dataset, user, item, rating)
+    stats, counts = check_ratings_values(dataset, user, item, rating, implicit,
+                                         duplicate_policy, mapped)
+    return stats, mapped, counts
+
+
+def check_ratings_schema(dataset: DataFrame, user: str, item: str, rating: str) -> list[str]:
+    """The schema half of :func:`check_ratings_input` (no Spark job): the id columns that
+    are not ints (they need a mapping)."""
     _check_id_column(dataset, user, "userCol")
     _check_id_column(dataset, item, "itemCol")
     if rating:
         require_columns(dataset.schema, [rating], "ratingCol")
         require_numeric(dataset.schema, rating, "ratingCol",
                         f"cast it first, e.g. F.col('{rating}').cast('double').")
-    mapped = [c for c in dict.fromkeys((user, item))
-              if not isinstance(dataset.schema[c].dataType, IntegerType)]
+    return [c for c in dict.fromkeys((user, item))
+            if not isinstance(dataset.schema[c].dataType, IntegerType)]
+
+
+def check_ratings_values(dataset: DataFrame, user: str, item: str, rating: str,
+                         implicit: bool, duplicate_policy: str,
+                         mapped: list[str]) -> tuple[Row, list[Row]]:
+    """The value half of :func:`check_ratings_input` (one Spark job): the stats row and the
+    id counts of the ``mapped`` columns."""
     stats, counts = _value_stats(dataset, user, item, rating, mapped)
     if not stats["rows"]:
         raise empty_data_error("ALS.fit")
@@ -58,7 +74,7 @@ def check_ratings_input(dataset: DataFrame, user: str, item: str, rating: str,
             f"than once, e.g. ({u!r}, {i!r}) has {n} rows. Set duplicatePolicy='mean' to "
             "average them or 'sum' to add them (e.g. implicit counts), or deduplicate "
             "first.")
-    return stats, mapped, counts
+    return stats, counts
 
 
 def _check_id_column(dataset: DataFrame, name: str, param: str) -> None:

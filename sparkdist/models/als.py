@@ -37,9 +37,10 @@ import atexit
 import logging
 import shutil
 import tempfile
+import uuid
 from typing import Any, ClassVar
 
-from pyspark import keyword_only
+from pyspark import InheritableThread, keyword_only
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.recommendation import ALS as _MLlibALS
 from pyspark.ml.recommendation import ALSModel as _MLlibALSModel
@@ -52,7 +53,11 @@ from pyspark.sql import functions as F
 from sparkdist import store
 from sparkdist.columns import check_one_of, col, require_columns
 from sparkdist.exceptions import ClusterConfigError
-from sparkdist.models._als_checks import check_ratings_input
+from sparkdist.models._als_checks import (
+    check_ratings_input,
+    check_ratings_schema,
+    check_ratings_values,
+)
 from sparkdist.models._als_ids import (
     _I,
     _R,
@@ -158,22 +163,77 @@ class ALS(MLlibEstimator, _ALSParams):
         # The base template, except that the id mappings built while preparing the input
         # also go into the model.
         self._check_params()
-        stats, mapped, counts = self._checked(dataset)
-        if self.getCheckpointInterval() >= 1:  # first: on Spark Connect it may refuse
-            ensure_checkpoint_dir(dataset.sparkSession)
-        # Non-negative int ids are MLlib's own; other columns get an (id, index) mapping,
-        # from the id counts of the check job (int columns with negative ids: a job of theirs).
+        self._check_choices()
+        mapped = check_ratings_schema(dataset, self.getUserCol(), self.getItemCol(),
+                                      self.getRatingCol())
+        if mapped or is_connect(dataset.sparkSession):
+            stats, counts = self._check_values(dataset, mapped)
+            if self.getCheckpointInterval() >= 1:  # after the checks: on Connect it may refuse
+                ensure_checkpoint_dir(dataset.sparkSession)
+            users, items = self._mappings(dataset, stats, mapped, counts)
+            inner = self._fit_indexed(dataset, users, items)
+        else:
+            inner, users, items = self._fit_beside_checks(dataset)
+        model = ALSModel(inner, users, items)
+        self._copyValues(model)
+        return model
+
+    def _mappings(self, dataset: DataFrame, stats: Row, mapped: list[str],
+                  counts: list[Row]) -> tuple[DataFrame | None, DataFrame | None]:
+        """The (user, item) mappings: non-negative int ids are MLlib's own (None); other
+        columns get an (id, index) mapping, from the id counts of the check job (int columns
+        with negative ids: a job of theirs)."""
         user, item = self.getUserCol(), self.getItemCol()
         late = [c for c, low in ((user, stats["u_min"]), (item, stats["i_min"]))
                 if c not in mapped and low is not None and low < 0]
         built = dict(zip(mapped, index_ids(dataset, mapped, counts)))
         built.update(zip(late, index_ids(dataset, late) if late else []))
-        users, items = built.get(user), built.get(item)
-        inner = self._fit_mllib(self._indexed_ratings(dataset, users, items),
-                                userCol=_U, itemCol=_I, ratingCol=_R)
-        model = ALSModel(inner, users, items)
-        self._copyValues(model)
-        return model
+        return built.get(user), built.get(item)
+
+    def _fit_indexed(self, dataset: DataFrame, users: DataFrame | None,
+                     items: DataFrame | None) -> JavaModel:
+        return self._fit_mllib(self._indexed_ratings(dataset, users, items),
+                               userCol=_U, itemCol=_I, ratingCol=_R)
+
+    def _fit_beside_checks(self, dataset: DataFrame) -> tuple[JavaModel, DataFrame | None,
+                                                             DataFrame | None]:
+        """Int id columns (classic Spark): MLlib fits while the value checks' job runs in a
+        thread beside it, so the checks cost little wall time (MLlib's small jobs leave task
+        slots idle). A failed check cancels the fit's jobs and its error is raised, whatever
+        MLlib did; negative ids (MLlib refuses them) are indexed and fitted again."""
+        sc = dataset.sparkSession.sparkContext
+        tag = f"sparkdist-als-{uuid.uuid4().hex}"
+        found: dict[str, Any] = {}
+
+        def check() -> None:
+            try:
+                found["stats"] = self._check_values(dataset, [])[0]
+            except Exception as err:  # raised in the caller's thread below
+                found["error"] = err
+                sc.cancelJobsWithTag(tag)
+
+        thread = InheritableThread(target=check, daemon=True)  # the caller's job group, pool
+        thread.start()
+        if self.getCheckpointInterval() >= 1:
+            ensure_checkpoint_dir(dataset.sparkSession)
+        sc.addJobTag(tag)
+        inner, failure = None, None
+        try:
+            inner = self._fit_indexed(dataset, None, None)
+        except Exception as err:  # judged once the checks are done
+            failure = err
+        finally:
+            sc.removeJobTag(tag)
+            thread.join()
+        if "error" in found:
+            raise found["error"]
+        users, items = self._mappings(dataset, found["stats"], [], [])
+        if users is not None or items is not None:  # negative ids: MLlib refused them
+            return self._fit_indexed(dataset, users, items), users, items
+        if failure is not None:
+            raise failure
+        assert inner is not None
+        return inner, None, None
 
     # -- validation ----------------------------------------------------------------------
     def _validate(self, dataset: DataFrame) -> None:
@@ -181,11 +241,20 @@ class ALS(MLlibEstimator, _ALSParams):
 
     def _checked(self, dataset: DataFrame) -> tuple[Row, list[str], list[Row]]:
         """The input checks and id counts (one job; see ``check_ratings_input``)."""
-        check_one_of("duplicatePolicy", self.getDuplicatePolicy(), DUPLICATE_POLICIES)
-        check_one_of("coldStartStrategy", self.getColdStartStrategy(), COLD_START_STRATEGIES)
+        self._check_choices()
         return check_ratings_input(dataset, self.getUserCol(), self.getItemCol(),
                                    self.getRatingCol(), self.getImplicitPrefs(),
                                    self.getDuplicatePolicy())
+
+    def _check_choices(self) -> None:
+        check_one_of("duplicatePolicy", self.getDuplicatePolicy(), DUPLICATE_POLICIES)
+        check_one_of("coldStartStrategy", self.getColdStartStrategy(), COLD_START_STRATEGIES)
+
+    def _check_values(self, dataset: DataFrame, mapped: list[str]) -> tuple[Row, list[Row]]:
+        """The value checks' job (see ``check_ratings_values``): stats and id counts."""
+        return check_ratings_values(dataset, self.getUserCol(), self.getItemCol(),
+                                    self.getRatingCol(), self.getImplicitPrefs(),
+                                    self.getDuplicatePolicy(), mapped)
 
     # -- preparation ---------------------------------------------------------------------
     def _indexed_ratings(self, dataset: DataFrame, users: DataFrame | None,

@@ -47,7 +47,7 @@ A resumable fit: 500 rounds, checkpointed every 50 under ``checkpointDir/runId``
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
+from functools import cache, partial
 from types import ModuleType
 from typing import Any, ClassVar
 
@@ -66,13 +66,13 @@ from pyspark.ml.param.shared import (
     HasValidationIndicatorCol,
     HasWeightCol,
 )
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, BooleanType, NumericType, StructType
 
 from sparkdist import failpoints, store
 from sparkdist._params import keywords, unknown_param
-from sparkdist.columns import check_one_of, require_columns, require_numeric
+from sparkdist.columns import check_one_of, col, require_columns, require_numeric
 from sparkdist.exceptions import (
     ModelLoadError,
     ParamError,
@@ -95,6 +95,7 @@ _CONNECT_FIX = ("xgboost.spark drives its training and scoring through the Spark
 INSTALL_HINT = 'XGBoost models need the xgboost package: pip install "sparkdist[xgboost]"'
 DEVICES = ("cpu", "cuda", "gpu")
 _FILLED = "filled_partitions"  # stats key: partitions of the input that hold rows
+_CLASS_BITS = 63  # class indices 0..62 are counted by one bit each of a long (not the sign)
 _PARTITION = "_sparkdist_partition"  # internal column: the partition of each row
 # Metadata keys written by xgboost.spark's own writer; its reader unpickles or loads them.
 # xgboost.spark's snake_case constructor names for the column Params.
@@ -230,6 +231,38 @@ def _xgboost_spark() -> ModuleType:
     return xgboost_spark
 
 
+@cache
+def _counted(cls: Any) -> type:
+    """``cls`` (an xgboost.spark estimator class) taking the number of classes from an
+    instance's ``_sparkdist_classes``, set from sparkdist's label check, instead of counting
+    the label's distinct values in a Spark job of its own (one job, three with AQE)."""
+    def train_params(self: Any, dataset: DataFrame) -> Any:
+        classes = getattr(self, "_sparkdist_classes", None)
+        if classes is not None:
+            try:
+                return cls._get_distributed_train_params(self, _CountedLabel(classes))
+            except AttributeError:  # an xgboost that reads more of the DataFrame here
+                pass
+        return cls._get_distributed_train_params(self, dataset)
+
+    return type(cls.__name__, (cls,), {"__module__": cls.__module__,
+                                       "_get_distributed_train_params": train_params})
+
+
+class _CountedLabel:
+    """What xgboost.spark's ``_get_distributed_train_params`` reads of the training DataFrame:
+    ``dataset.select(countDistinct(label)).collect()[0][0]``, already counted."""
+
+    def __init__(self, classes: int) -> None:
+        self._classes = classes
+
+    def select(self, *columns: Any) -> _CountedLabel:
+        return self
+
+    def collect(self) -> list[tuple[int]]:
+        return [(self._classes,)]
+
+
 def _push_params(source: Params, target: Params) -> Params:
     """Set on ``target`` every defined Param of ``source`` that it also has."""
     for param, value in source.extractParamMap().items():
@@ -285,7 +318,8 @@ class _XGBoostEstimator(Estimator, HasRecovery, ParamsPersistence):
     def _fit(self, dataset: DataFrame) -> _XGBoostModel:
         require_classic(dataset, f"{type(self).__name__}.fit (xgboost.spark)", _CONNECT_FIX)
         location, run_id, stats = self._validate(dataset)
-        make = partial(self._xgboost_estimator, self._repartition(dataset, stats))
+        classes = stats["classes"] if self._counts_classes else None
+        make = partial(self._xgboost_estimator, self._repartition(dataset, stats), classes)
         if location is None:
             model = self._model_class(self._fit_once(dataset, make))
         else:
@@ -349,8 +383,14 @@ class _XGBoostEstimator(Estimator, HasRecovery, ParamsPersistence):
                  "validationIndicatorCol")
         return [self.getOrDefault(n) for n in names if self.isDefined(n) and self.getOrDefault(n)]
 
-    def _xgboost_estimator(self, repartition: bool | None = None) -> Any:
-        inner = _push_params(self, getattr(_xgboost_spark(), self._xgb_estimator)())
+    def _xgboost_estimator(self, repartition: bool | None = None,
+                           classes: int | None = None) -> Any:
+        """The xgboost.spark estimator with this one's Params; ``classes``: the label's class
+        count, which it then takes instead of counting it in a job."""
+        cls = getattr(_xgboost_spark(), self._xgb_estimator)
+        inner: Any = _push_params(self, (cls if classes is None else _counted(cls))())
+        if classes is not None:
+            inner._sparkdist_classes = classes
         return inner if repartition is None else inner._set(force_repartition=repartition)
 
     # validation: Params, then checkpoints, schema, the cluster, then one pass over the label
@@ -414,14 +454,40 @@ class _XGBoostEstimator(Estimator, HasRecovery, ParamsPersistence):
                                       f"{'boolean' if family is BooleanType else 'numeric'}.")
 
     def _check_label(self, dataset: DataFrame, extra: list[Any]) -> Any:
-        """One pass: the label checks, plus ``extra`` aggregates; the stats row."""
+        """One pass: the label checks, plus ``extra`` aggregates; the stats row. A classifier
+        counts its classes in that pass without a distinct aggregation (see
+        ``_class_count``); xgboost.spark then takes that count instead of a job of its own."""
         label = self.getOrDefault("labelCol")
-        stats = check_label(dataset, label, type(self).__name__, self._counts_classes, extra)
+        counting = _class_bits(col(label).cast("double")) if self._counts_classes else []
+        stats = check_label(dataset, label, type(self).__name__, self._counts_classes,
+                            [*extra, *counting], distinct=False)
+        if self._counts_classes:
+            stats = Row(**stats.asDict(), classes=_class_count(dataset, label, stats))
         self._check_label_values(label, stats)
         return stats
 
     def _check_label_values(self, label: str, stats: Any) -> None:
         """Classifiers check the class indices further; regressors take any finite label."""
+
+
+def _class_bits(label: Column) -> list[Column]:
+    """Aggregates that count the classes of checked labels (finite whole numbers >= 0) in
+    the label pass: one bit per class index below _CLASS_BITS, OR-ed, and the labels above.
+    A distinct count would add two shuffles (two jobs under AQE) to that pass."""
+    small = (label >= 0) & (label < _CLASS_BITS)
+    bit = F.when(small, F.pow(F.lit(2.0), label).cast("long"))  # exact: a power of two
+    return [F.coalesce(F.bit_or(bit), F.lit(0).cast("long")).alias("class_bits"),
+            F.count_if(label >= _CLASS_BITS).alias("large_labels")]
+
+
+def _class_count(dataset: DataFrame, label: str, stats: Any) -> int:
+    """The distinct labels, from ``_class_bits``; labels of _CLASS_BITS or more (many
+    classes, or a label that is no class index) are counted exactly in a job of their own."""
+    if not stats["large_labels"]:
+        return bin(stats["class_bits"]).count("1")
+    counted = dataset.agg(F.count_distinct(col(label).cast("double"))).first()
+    assert counted is not None
+    return int(counted[0])
 
 
 def _check_features_type(schema: StructType, name: str) -> None:

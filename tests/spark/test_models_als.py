@@ -23,6 +23,7 @@ from sparkdist.models import _als_ids
 from sparkdist.models._als_checks import check_ratings_input
 from sparkdist.models.als import ALS, ALSModel
 from sparkdist.persist import data_dir
+from tests.sparkjobs import count_jobs
 
 COLS = {"userCol": "user_id", "itemCol": "item_id", "ratingCol": "rating"}
 FAST = {"numUserBlocks": 2, "numItemBlocks": 2}  # MLlib's 10x10 blocks are slow on 2 cores
@@ -155,6 +156,44 @@ def test_non_negative_int_ids_go_to_mllib_unmapped(tmp_path, small):
     shifted = als(rank=3, maxIter=3).fit(negative)
     assert {r.id for r in shifted.mllib_model.userFactors.collect()} == set(range(len(users)))
     assert {r.user_id for r in shifted.userFactors.collect()} == {-u - 1 for u in users}
+
+
+@pytest.mark.slow
+def test_int_ids_cost_mllib_jobs_and_the_checks_only(spark, small):
+    # Issue 15: int ids go to MLlib as they are: the fit runs MLlib's own jobs plus the
+    # value checks' aggregation (in a thread beside MLlib's fit), no indexing or counting
+    # job, and trains the very model MLlib trains on the same rows.
+    from pyspark.ml.recommendation import ALS as MLlibALS
+
+    df = small.select(F.col("user_id").cast("int"), F.col("item_id").cast("int"),
+                      "rating").cache()
+    df.count()  # cached first: two jobs reading an unfilled cache would both fill it
+    params = {**COLS, **FAST, "rank": 3, "maxIter": 3, "seed": 7}
+    fits = {}
+    ours = count_jobs(spark, lambda: fits.setdefault("ours", ALS(**params).fit(df)))
+    mllib = count_jobs(spark, lambda: fits.setdefault("mllib", MLlibALS(**params).fit(df)))
+    checks = count_jobs(spark, lambda: ALS(**params)._checked(df))
+    assert mllib < ours <= mllib + checks, (ours, mllib, checks)
+    assert rows(fits["ours"].itemFactors, "item_id", "features") == \
+        rows(fits["mllib"].itemFactors.withColumnRenamed("id", "item_id"), "item_id",
+             "features")
+    df.unpersist()
+
+
+@pytest.mark.parametrize("bad,match", [
+    ((2, 2, float("nan")), "ratingCol: column 'rating' is NaN in 1 of 3 rows"),
+    ((2, 2, -1.0), "ratingCol: column 'rating' has 1 negative ratings"),
+    ((None, 2, 1.0), "userCol: column 'user_id' is null in 1 of 3 rows"),
+    ((0, 0, 5.0), r"1 \(user, item\) pairs .* \(0, 0\) has 2 rows"),
+    (None, "empty DataFrame")])
+def test_int_id_checks_beside_mllib_raise_their_errors(spark, bad, match):
+    # With int ids the checks run beside MLlib's fit; their typed error wins whatever MLlib
+    # did (failed on a null id or no rows, trained on NaN, a negative or a duplicate).
+    good = [(0, 0, 4.0), (1, 1, 3.0)]
+    df = spark.createDataFrame(good + [bad] if bad else [],
+                               "user_id int, item_id int, rating double")
+    with pytest.raises(SchemaError, match=match):
+        als(rank=2, maxIter=2).fit(df)
 
 
 @pytest.mark.slow

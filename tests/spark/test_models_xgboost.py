@@ -37,6 +37,7 @@ from sparkdist.models import (
 )
 from sparkdist.models.xgboost import BOOSTER_FILE, ModelLoadError
 from sparkdist.persist import data_dir
+from tests.sparkjobs import count_jobs
 
 pytestmark = pytest.mark.slow
 LABEL = "target"
@@ -151,6 +152,34 @@ def test_repartitions_only_when_a_worker_would_get_no_rows(vectors):
     assert repartitions(even, force_repartition=True)
     assert XGBoostClassifier(**FAST).fit(half).transform(vectors).count() == 90
     even.unpersist()
+
+
+def test_classifier_runs_no_more_jobs_than_xgboost_spark(spark, vectors):
+    # Issue 15: the label checks count the classes that xgboost.spark would count in a job of
+    # its own, and xgboost.spark takes that count; on input that needs no repartition the fit
+    # runs no more Spark jobs than xgboost.spark's own fit.
+    from xgboost.spark import SparkXGBClassifier
+
+    even = vectors.repartition(2).cache()
+    even.count()
+    ours = count_jobs(spark, lambda: XGBoostClassifier(**FAST).fit(even))
+    theirs = count_jobs(spark, lambda: SparkXGBClassifier(**FAST).fit(even))
+    even.unpersist()
+    assert ours <= theirs, (ours, theirs)
+
+
+@pytest.mark.parametrize("labels, classes", [("label", 3), ("IF(label = 2, 0, label)", 2),
+                                             ("label * 0", 1), ("id % 70", 70)])
+def test_class_count_is_xgboost_sparks_own(spark, labels, classes):
+    # The count from the label pass (a bit per class index below 63, an exact job above) gives
+    # xgboost.spark the training parameters its own count would (objective, num_class).
+    df = spark.range(140, numPartitions=2).selectExpr(
+        "array(double(id)) AS features", f"double({labels.replace('label', 'id % 3')}) AS label")
+    est = XGBoostClassifier(**FAST)
+    stats = est._validate(df)[2]
+    assert stats["classes"] == classes
+    counted = est._xgboost_estimator(classes=stats["classes"])._get_distributed_train_params(df)
+    assert counted == est._xgboost_estimator()._get_distributed_train_params(df)
 
 
 def test_cross_validator_grid_in_pipeline(vectors):
