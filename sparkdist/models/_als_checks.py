@@ -22,26 +22,10 @@ from sparkdist.exceptions import SchemaError
 from sparkdist.models._als_ids import _I, _U, id_counts
 
 
-def check_ratings_input(dataset: DataFrame, user: str, item: str, rating: str,
-                        implicit: bool,
-                        duplicate_policy: str) -> tuple[Row, list[str], list[Row]]:
-    """Refuse input no ALS fit can use: missing or non-atomic id columns, a non-numeric
-    rating column, no rows, null ids, null/NaN ratings, negative explicit ratings and, under
-    ``duplicatePolicy='error'``, repeated (user, item) pairs. ``rating=""`` rates every pair
-    1.0 (no rating column).
-
-    Returns the stats row (``u_min``/``i_min``: the smallest user and item ids of an int
-    column, else None), the id columns that are not ints (they need a mapping) and their
-    :func:`~sparkdist.models._als_ids.id_counts` rows, collected in the same job."""
-    mapped = check_ratings_schema(dataset, user, item, rating)
-    stats, counts = check_ratings_values(dataset, user, item, rating, implicit,
-                                         duplicate_policy, mapped)
-    return stats, mapped, counts
-
-
 def check_ratings_schema(dataset: DataFrame, user: str, item: str, rating: str) -> list[str]:
-    """The schema half of :func:`check_ratings_input` (no Spark job): the id columns that
-    are not ints (they need a mapping)."""
+    """Refuse what the schema shows no ALS fit can use (no Spark job): missing or
+    non-atomic id columns, a non-numeric rating column (``rating=""`` rates every pair 1.0:
+    no rating column). Returns the id columns that are not ints (they need a mapping)."""
     _check_id_column(dataset, user, "userCol")
     _check_id_column(dataset, item, "itemCol")
     if rating:
@@ -55,8 +39,12 @@ def check_ratings_schema(dataset: DataFrame, user: str, item: str, rating: str) 
 def check_ratings_values(dataset: DataFrame, user: str, item: str, rating: str,
                          implicit: bool, duplicate_policy: str,
                          mapped: list[str]) -> tuple[Row, list[Row]]:
-    """The value half of :func:`check_ratings_input` (one Spark job): the stats row and the
-    id counts of the ``mapped`` columns."""
+    """Refuse the values no ALS fit can use, in one Spark job: no rows, null ids, null/NaN
+    ratings, negative explicit ratings and, under ``duplicatePolicy='error'``, repeated
+    (user, item) pairs. Returns the stats row (``u_min``/``i_min``: the smallest user and
+    item ids of an int column, else None) and the
+    :func:`~sparkdist.models._als_ids.id_counts` rows of the ``mapped`` columns, collected in
+    the same job."""
     stats, counts = _value_stats(dataset, user, item, rating, mapped)
     if not stats["rows"]:
         raise empty_data_error("ALS.fit")

@@ -257,9 +257,8 @@ class _TunedClassifier(_EstimatorBase):
 
     def _validate(self, dataset: DataFrame) -> None:
         check_input_columns(self, dataset.schema)
-        # no distinct count (two shuffles): MLlib counts max(label) + 1 classes
         self._check_classes(check_label(dataset, self.getOrDefault("labelCol"),
-                                        type(self).__name__, classes=True, distinct=False))
+                                        type(self).__name__, classes=True))
 
     def _check_classes(self, stats: Any) -> None:
         """What this classifier needs of the label's classes beyond being class indices

@@ -15,11 +15,10 @@ from sparkdist.columns import col, empty_data_error
 from sparkdist.exceptions import SchemaError
 
 
-def label_aggregates(label: Column, classes: bool, distinct: bool = True) -> list[Column]:
+def label_aggregates(label: Column, classes: bool) -> list[Column]:
     """Rows, null-or-NaN and infinite labels; for classifiers also what class indices need
-    (min, max, fractional values and, unless ``distinct=False``, distinct classes, over the
-    finite labels). A distinct count costs the job two shuffles: ``distinct=False`` leaves
-    it to a caller that counts the classes another way."""
+    (min, max and fractional values, over the finite labels). No distinct count: it would
+    cost the job two shuffles, and MLlib counts max + 1 classes."""
     missing = label.isNull() | F.isnan(label)
     infinite = F.abs(label) == F.lit(float("inf"))
     aggregates = [F.count(F.lit(1)).alias("rows"), F.count_if(missing).alias("missing"),
@@ -28,18 +27,15 @@ def label_aggregates(label: Column, classes: bool, distinct: bool = True) -> lis
         finite = F.when(~(missing | infinite), label)
         aggregates += [F.min(finite).alias("min"), F.max(finite).alias("max"),
                        F.count_if(finite != F.floor(finite)).alias("fractional")]
-        if distinct:
-            aggregates.append(F.count_distinct(finite).alias("classes"))
     return aggregates
 
 
 def check_label(dataset: DataFrame, label: str, owner: str, classes: bool,
-                extra: Sequence[Column] = (), distinct: bool = True) -> Any:
+                extra: Sequence[Column] = ()) -> Any:
     """Run the label aggregation (plus ``extra``) as one job and refuse what no fit can use:
     no rows, null/NaN or infinite labels and, for a classifier, labels that are not class
-    indices 0, 1, ... (negative or fractional). Returns the stats row (``distinct``: see
-    :func:`label_aggregates`)."""
-    stats = dataset.agg(*label_aggregates(col(label).cast("double"), classes, distinct),
+    indices 0, 1, ... (negative or fractional). Returns the stats row."""
+    stats = dataset.agg(*label_aggregates(col(label).cast("double"), classes),
                         *extra).first()
     assert stats is not None
     if stats["rows"] == 0:

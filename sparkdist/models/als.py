@@ -53,11 +53,7 @@ from pyspark.sql import functions as F
 from sparkdist import store
 from sparkdist.columns import check_one_of, col, require_columns
 from sparkdist.exceptions import ClusterConfigError
-from sparkdist.models._als_checks import (
-    check_ratings_input,
-    check_ratings_schema,
-    check_ratings_values,
-)
+from sparkdist.models._als_checks import check_ratings_schema, check_ratings_values
 from sparkdist.models._als_ids import (
     _I,
     _R,
@@ -163,7 +159,6 @@ class ALS(MLlibEstimator, _ALSParams):
         # The base template, except that the id mappings built while preparing the input
         # also go into the model.
         self._check_params()
-        self._check_choices()
         mapped = check_ratings_schema(dataset, self.getUserCol(), self.getItemCol(),
                                       self.getRatingCol())
         if mapped or is_connect(dataset.sparkSession):
@@ -212,10 +207,10 @@ class ALS(MLlibEstimator, _ALSParams):
                 found["error"] = err
                 sc.cancelJobsWithTag(tag)
 
-        thread = InheritableThread(target=check, daemon=True)  # the caller's job group, pool
-        thread.start()
         if self.getCheckpointInterval() >= 1:
             ensure_checkpoint_dir(dataset.sparkSession)
+        thread = InheritableThread(target=check, daemon=True)  # the caller's job group, pool
+        thread.start()
         sc.addJobTag(tag)
         inner, failure = None, None
         try:
@@ -236,17 +231,8 @@ class ALS(MLlibEstimator, _ALSParams):
         return inner, None, None
 
     # -- validation ----------------------------------------------------------------------
-    def _validate(self, dataset: DataFrame) -> None:
-        self._checked(dataset)
-
-    def _checked(self, dataset: DataFrame) -> tuple[Row, list[str], list[Row]]:
-        """The input checks and id counts (one job; see ``check_ratings_input``)."""
-        self._check_choices()
-        return check_ratings_input(dataset, self.getUserCol(), self.getItemCol(),
-                                   self.getRatingCol(), self.getImplicitPrefs(),
-                                   self.getDuplicatePolicy())
-
-    def _check_choices(self) -> None:
+    def _check_params(self) -> None:
+        super()._check_params()
         check_one_of("duplicatePolicy", self.getDuplicatePolicy(), DUPLICATE_POLICIES)
         check_one_of("coldStartStrategy", self.getColdStartStrategy(), COLD_START_STRATEGIES)
 

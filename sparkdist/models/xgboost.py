@@ -460,7 +460,7 @@ class _XGBoostEstimator(Estimator, HasRecovery, ParamsPersistence):
         label = self.getOrDefault("labelCol")
         counting = _class_bits(col(label).cast("double")) if self._counts_classes else []
         stats = check_label(dataset, label, type(self).__name__, self._counts_classes,
-                            [*extra, *counting], distinct=False)
+                            [*extra, *counting])
         if self._counts_classes:
             stats = Row(**stats.asDict(), classes=_class_count(dataset, label, stats))
         self._check_label_values(label, stats)

@@ -20,7 +20,7 @@ from sparkdist.datasets import make_ratings, ratings
 from sparkdist.exceptions import ParamError, SchemaError
 from sparkdist.features import split
 from sparkdist.models import _als_ids
-from sparkdist.models._als_checks import check_ratings_input
+from sparkdist.models._als_checks import check_ratings_schema, check_ratings_values
 from sparkdist.models.als import ALS, ALSModel
 from sparkdist.persist import data_dir
 from tests.sparkjobs import count_jobs
@@ -172,7 +172,7 @@ def test_int_ids_cost_mllib_jobs_and_the_checks_only(spark, small):
     fits = {}
     ours = count_jobs(spark, lambda: fits.setdefault("ours", ALS(**params).fit(df)))
     mllib = count_jobs(spark, lambda: fits.setdefault("mllib", MLlibALS(**params).fit(df)))
-    checks = count_jobs(spark, lambda: ALS(**params)._checked(df))
+    checks = count_jobs(spark, lambda: ALS(**params)._check_values(df, []))
     assert mllib < ours <= mllib + checks, (ours, mllib, checks)
     assert rows(fits["ours"].itemFactors, "item_id", "features") == \
         rows(fits["mllib"].itemFactors.withColumnRenamed("id", "item_id"), "item_id",
@@ -205,7 +205,8 @@ def test_id_index_is_dense_and_deterministic(data):
     assert mapping == dict(rows(second, "id", "index"))
     assert sorted(mapping.values()) == list(range(len(mapping)))
     # The input checks collect the same id counts in their own job: the same numbering.
-    _, mapped, counts = check_ratings_input(df, "user_id", "item_id", "rating", False, "mean")
+    mapped = check_ratings_schema(df, "user_id", "item_id", "rating")
+    _, counts = check_ratings_values(df, "user_id", "item_id", "rating", False, "mean", mapped)
     assert mapped == ["user_id", "item_id"] and counts
     [folded, _] = _als_ids.index_ids(df, mapped, counts)
     assert dict(rows(folded, "id", "index")) == mapping
