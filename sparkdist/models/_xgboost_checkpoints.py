@@ -11,7 +11,9 @@ continues from that run's newest checkpoint.
 A failed chunk's error names its root cause: the job error Spark raises carries whichever task
 failed first, often a rank whose collective only lost its peer, so the failed tasks of the
 chunk's jobs are read back from Spark's status store and a failure that is not such a
-symptom is preferred.
+symptom is preferred. Spark may kill the rank that started it (the barrier stage is cancelled
+on the first failure) before that rank's own error arrives; the error then says which ranks
+were killed, whose executor logs hold the cause.
 
 Elastic fits (``ChunkPlan.elastic``: minWorkers, slotWaitSeconds): every chunk starts on the
 most workers the free task slots allow, between ``min_workers`` and ``num_workers``
@@ -57,6 +59,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import threading
 import time
 import uuid
@@ -346,37 +349,65 @@ def _job_group(sc: Any, description: str) -> Iterator[str]:
 
 
 def _root_cause(sc: Any, group: str, err: BaseException) -> str:
-    """The failure that started it: the first failed task of the group's failed jobs whose
-    error is not xgboost's collective reporting a lost peer; else the job's own error."""
+    """The failure that started the group's failed jobs, as far as Spark recorded it."""
     try:
-        failures = _failed_tasks(sc, group)
+        ended = _ended_tasks(sc, group)
     except (Py4JError, AttributeError) as lookup:  # the status store is Spark-internal
         _LOG.debug("no task failures from Spark's status store: %s", lookup)
-        failures = []
+        ended = []
+    return _cause(ended, str(err))
+
+
+def _cause(ended: list[tuple[str, int, str]], job_error: str) -> str:
+    """The first failed task's error that is not xgboost's collective reporting a lost peer.
+    When every failure is such a symptom, the rank that started it was killed by Spark's
+    barrier cancellation before its own error reached the driver (a race Spark settles
+    either way): say which ranks were killed, whose executor logs hold it. Else the job's
+    own error."""
+    failures = [message for status, _, message in ended if status == "FAILED" and message]
     own = [message for message in failures if _PEER_LOSS not in message]
-    return worker_message((own or failures or [str(err)])[0])
+    killed = _ranks(ended, "KILLED")
+    if own or not failures or not killed:
+        return worker_message((own or failures or [job_error])[0])
+    return (f"rank(s) {_ranks(ended, 'FAILED')} lost a peer in xgboost's collective "
+            f"({_collective_reason(failures[0])}), and Spark killed the task(s) of rank(s) "
+            f"{killed} before they reported their own error: the failure that started it is "
+            "in the executor log of one of those ranks")
 
 
-def _failed_tasks(sc: Any, group: str, wait_s: float = 15.0) -> list[str]:
-    """Error messages of the failed tasks in the group's failed jobs, first to end first.
-    Spark's status store is updated asynchronously: waits (at most ``wait_s``) until the
-    group's jobs and their failed stages' tasks are no longer running."""
+def _ranks(ended: list[tuple[str, int, str]], status: str) -> str:
+    return ", ".join(str(rank) for rank in sorted({rank for s, rank, _ in ended if s == status}))
+
+
+def _collective_reason(message: str) -> str:
+    """The first cause in xgboost's collective error (its lines read ``- [file:line|time]:
+    cause``)."""
+    found = re.search(r"^- \[[^\]]+\]: (.+)$", message, re.MULTILINE)
+    return found.group(1).strip() if found else "a lost peer"
+
+
+def _ended_tasks(sc: Any, group: str, wait_s: float = 15.0) -> list[tuple[str, int, str]]:
+    """(status, partition index = xgboost rank, error message) of the tasks that failed or
+    were killed in the group's failed jobs, first to end first. Spark's status store is
+    updated asynchronously: waits (at most ``wait_s``) until the group's jobs and their
+    stages' tasks are no longer running."""
     tracker, store = sc.statusTracker(), sc._jsc.sc().statusStore()
     deadline = time.monotonic() + wait_s
     jobs = _settled(lambda: [tracker.getJobInfo(job) for job in tracker.getJobIdsForGroup(group)],
                     lambda infos: all(info is None or info.status != "RUNNING"
                                       for info in infos),
                     deadline)
-    ended: list[tuple[int, str]] = []
+    ended: list[tuple[int, str, int, str]] = []
     for stage_id in (stage for job in jobs if job and job.status == "FAILED"
                      for stage in job.stageIds):
         stage = tracker.getStageInfo(stage_id)
-        if stage is None or not stage.numFailedTasks:
+        if stage is None or stage.numTasks == 0:
             continue
-        ended += [(task.launchTime().getTime() + _option(task.duration(), 0),
-                   _option(task.errorMessage(), ""))
-                  for task in _stage_tasks(store, stage, deadline) if task.status() == "FAILED"]
-    return [message for _, message in sorted(ended) if message]
+        ended += [(task.launchTime().getTime() + _option(task.duration(), 0), task.status(),
+                   task.index(), _option(task.errorMessage(), ""))
+                  for task in _stage_tasks(store, stage, deadline)
+                  if task.status() in ("FAILED", "KILLED")]
+    return [(status, rank, message) for _, status, rank, message in sorted(ended)]
 
 
 def _stage_tasks(store: Any, stage: Any, deadline: float) -> list[Any]:

@@ -98,7 +98,11 @@ def test_retries_are_bounded_and_the_last_cause_reaches_the_user(data, tmp_path)
         estimator.fit(data)
     message = str(caught.value)
     assert "gave up after 2 failed attempt(s) (maxRetries=1)" in message
-    assert "failpoint xgboost.round fired (2): rank 1, epoch 1, step 0" in message
+    if "failpoint xgboost.round fired (2): rank 1, epoch 1, step 0" not in message:
+        # Spark cancelled the barrier stage on rank 0's lost-peer error and killed rank 1
+        # before its own error arrived (it settles that race either way): the user is told so
+        assert "rank(s) 0 lost a peer in xgboost's collective" in message
+        assert "Spark killed the task(s) of rank(s) 1 before they reported" in message
     assert "/collective/" not in message  # rank 0 only lost its peer: not the root cause
     assert not (tmp_path / "fired-3.pid").exists()  # no third attempt ran
 
