@@ -376,6 +376,7 @@ def _cause(ended: list[tuple[str, int, str]], job_error: str) -> str:
 
 
 def _ranks(ended: list[tuple[str, int, str]], status: str) -> str:
+    """The ranks whose tasks ended with ``status``, as "0, 2"."""
     return ", ".join(str(rank) for rank in sorted({rank for s, rank, _ in ended if s == status}))
 
 
