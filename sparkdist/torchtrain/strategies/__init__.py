@@ -12,6 +12,11 @@ calls, on every rank and in this order: ``setup(module)``, ``optimizer()``, then
 ``train_step`` and per validation batch ``predict`` (every rank the same number of times),
 and ``full_state`` / ``save_training_state`` / ``load_training_state`` for results and
 checkpoints (collective).
+
+A Parameter two modules share (weight tying) must stay one tensor: ``ddp`` keeps it whole
+on every rank, ``pipeline`` keeps the modules holding it in one stage, ``fsdp`` in one unit,
+and ``tensor`` refuses it. The strategies find ties with :func:`shared_parameters` and
+refuse them with :func:`tied_error`, in their ``check`` (the driver's preflight).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from sparkdist.columns import check_one_of
+from sparkdist.exceptions import ParamError
 
 if TYPE_CHECKING:
     import torch
@@ -46,6 +52,39 @@ def check(spec: dict[str, Any], module: torch.nn.Module) -> None:
     """The chosen strategy's preflight on the driver: ParamError naming the Param and the fix
     for a configuration that cannot train (before anything is launched)."""
     strategy_module(spec.get("strategy", "ddp")).check(spec, module)
+
+
+def shared_parameters(module: torch.nn.Module) -> list[list[str]]:
+    """The names of each Parameter that more than one name reaches (weight tying, e.g.
+    ``self.b.weight = self.a.weight``), in the model's order; a module registered twice
+    counts too.
+
+    >>> from torch import nn
+    >>> net = nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 2))
+    >>> net[2].weight = net[0].weight
+    >>> shared_parameters(net)
+    [['0.weight', '2.weight']]
+    """
+    names: dict[int, list[str]] = {}
+    for name, parameter in module.named_parameters(remove_duplicate=False):
+        names.setdefault(id(parameter), []).append(name)
+    return [group for group in names.values() if len(group) > 1]
+
+
+def holder(name: str) -> str:
+    """The module that holds parameter ``name``, as a user reads it."""
+    owner = name.rpartition(".")[0]
+    return repr(owner) if owner else "the model itself"
+
+
+def tied_error(strategy: str, names: list[str], why: str, fix: str = "") -> ParamError:
+    """ParamError for a Parameter the modules holding ``names`` share, which ``strategy``
+    would train as separate copies (``why``); ``fix`` is a strategy's own way out."""
+    modules = " and ".join(holder(name) for name in names[:2])
+    return ParamError(f"strategy={strategy!r}: {modules} share one Parameter ("
+                      f"{' is '.join(names)}, weight tying), and {why}, so the tie would "
+                      f"be broken; use strategy='ddp' (which keeps it one tensor), {fix}or "
+                      f"untie the modules (give each its own Parameter).")
 
 
 def usable(spec: dict[str, Any]) -> Callable[[int], bool]:

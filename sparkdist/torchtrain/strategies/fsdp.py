@@ -40,7 +40,38 @@ def check(spec: dict[str, Any], module: torch.nn.Module) -> None:
                          "backend='torch'.")
     if spec.get("mixed_precision") and spec.get("use_gpu") is False:
         raise ParamError(CPU_MIXED_PRECISION)
-    wrap_units(module, list(spec.get("fsdp_wrap") or []))  # ParamError for unknown names
+    units = wrap_units(module, list(spec.get("fsdp_wrap") or []))  # ParamError: unknown name
+    check_ties(module, units)
+
+
+def check_ties(module: torch.nn.Module, units: list[torch.nn.Module]) -> None:
+    """ParamError for a Parameter shared by modules in two units (FSDP2 refuses it only when
+    the ranks shard the model: torch's ValueError, in every task). A tie inside one unit stays
+    one sharded Parameter."""
+    ids = {id(unit) for unit in units}
+    for names in strategies.shared_parameters(module):
+        owner = _unit_of(module, names[0], ids)
+        other = next((name for name in names if _unit_of(module, name, ids) != owner), None)
+        if other is not None:
+            raise strategies.tied_error(
+                "fsdp", [names[0], other], "FSDP shards each unit's parameters on their own "
+                f"(units {_describe(owner)} and {_describe(_unit_of(module, other, ids))})",
+                "fsdpWrap naming the class of a module that holds both (one unit), ")
+
+
+def _unit_of(module: torch.nn.Module, name: str, unit_ids: set[int]) -> str:
+    """The unit that manages parameter ``name`` ('' the root): the innermost unit on its path
+    (FSDP2's rule: a unit manages its modules except those inside a unit of their own)."""
+    node, path, owner = module, "", ""
+    for step in name.split(".")[:-1]:
+        node, path = getattr(node, step), f"{path}.{step}".lstrip(".")
+        if id(node) in unit_ids:
+            owner = path
+    return owner
+
+
+def _describe(unit: str) -> str:
+    return repr(unit) if unit else "the root"
 
 
 def wrap_units(module: torch.nn.Module, names: list[str]) -> list[torch.nn.Module]:

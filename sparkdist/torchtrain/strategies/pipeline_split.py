@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from sparkdist.exceptions import ParamError
+from sparkdist.torchtrain import strategies
 
 _NEEDS_SEQUENCE = ("strategy='pipeline' needs a model whose forward runs its top-level "
                    "children in order")
@@ -74,8 +75,9 @@ def _outside_children(module: nn.Module, path: tuple[str, ...]) -> list[str]:
 
 def split_plan(module: nn.Module, stages: int, split_points: list[str] | None = None) -> SplitPlan:
     """The children of each of ``stages`` stages: cut before the named ``split_points``, or
-    balanced by parameter count. ParamError naming the Param and the fix where the model cannot
-    be split so."""
+    balanced by parameter count, never between two children that share a Parameter (each
+    stage would train its own copy). ParamError naming the Param and the fix where the model
+    cannot be split so."""
     path, children = splittable(module)
     names = [name for name, _ in children]
     where = "the model" if not path else f"the model's {'.'.join(path)}"
@@ -94,14 +96,60 @@ def split_plan(module: nn.Module, stages: int, split_points: list[str] | None = 
         raise ParamError(f"strategy='pipeline': {where} holds parameters or buffers outside "
                          f"its children ({', '.join(outside)}), which no stage would run; move "
                          f"them into a child module, or use strategy='ddp'.")
-    if split_points:
-        cuts = _named_cuts(split_points, names, path, stages)
-    else:
-        cuts = _balanced_cuts([_numel(child) for _, child in children], stages)
+    cuts = _cuts(module, path, children, stages, split_points or [])
     bounds = [0, *cuts, len(names)]
     plan = SplitPlan(path, [names[a:b] for a, b in zip(bounds, bounds[1:])])
     _require_parameters(plan, dict(children))
     return plan
+
+
+def _cuts(module: nn.Module, path: tuple[str, ...], children: list[tuple[str, nn.Module]],
+          stages: int, split_points: list[str]) -> list[int]:
+    """Where stages start: before the named ``split_points``, else balanced; never between
+    two children that share a Parameter (ParamError naming them)."""
+    names = [name for name, _ in children]
+    ties = _tied_spans(module, path, names)
+    if split_points:
+        cuts = _named_cuts(split_points, names, path, stages)
+        broken = _broken_tie(ties, cuts)
+        if broken:
+            raise strategies.tied_error(
+                "pipeline", broken, f"pipelineSplitPoints={split_points} cuts between them",
+                "pipelineSplitPoints that keep them in one stage, ")
+        return cuts
+    balanced = _balanced_cuts([_numel(child) for _, child in children], stages,
+                              {cut for first, last, _ in ties for cut in range(first + 1,
+                                                                               last + 1)})
+    if balanced is None:  # the ties leave too few places to cut
+        raise strategies.tied_error(
+            "pipeline", _broken_tie(ties, None) or [], f"no split into pipelineStages={stages} "
+            "stages keeps them in one stage", "fewer pipelineStages, ")
+    return balanced
+
+
+def _tied_spans(module: nn.Module, path: tuple[str, ...],
+                names: list[str]) -> list[tuple[int, int, list[str]]]:
+    """``(first, last, names)`` for each Parameter that children ``first`` and ``last`` (by
+    index in ``names``) both hold: the children from first to last must share a stage."""
+    prefix = "".join(f"{name}." for name in path)
+    index = {name: at for at, name in enumerate(names)}
+    spans = []
+    for group in strategies.shared_parameters(module):
+        children = [name[len(prefix):].split(".")[0] for name in group
+                    if name.startswith(prefix)]
+        held = sorted({index[child] for child in children if child in index})
+        if len(held) > 1:
+            spans.append((held[0], held[-1], group))
+    return spans
+
+
+def _broken_tie(ties: list[tuple[int, int, list[str]]],
+                cuts: list[int] | None) -> list[str] | None:
+    """The names of the widest tie ``cuts`` breaks (None: the widest of all), else None."""
+    for first, last, group in sorted(ties, key=lambda tie: tie[0] - tie[1]):
+        if cuts is None or any(first < cut <= last for cut in cuts):
+            return group
+    return None
 
 
 def _require_parameters(plan: SplitPlan, children: dict[str, nn.Module]) -> None:
@@ -142,11 +190,14 @@ def _named_cuts(points: list[str], names: list[str], path: tuple[str, ...],
     return cuts
 
 
-def _balanced_cuts(sizes: list[int], stages: int) -> list[int]:
+def _balanced_cuts(sizes: list[int], stages: int,
+                   forbidden: set[int] | None = None) -> list[int] | None:
     """Cut points of a contiguous split of ``sizes`` into ``stages`` non-empty groups whose
     largest sum is the smallest possible, then with the fewest groups of no parameters
     (dynamic programming, O(stages x n^2)); among equal splits the later cut, so parameterless
-    children (activations) stay with the layer before them."""
+    children (activations) stay with the layer before them. No cut before an index in
+    ``forbidden``; None when no split is left."""
+    forbidden = forbidden or set()
     n = len(sizes)
     prefix = [0]
     for size in sizes:
@@ -160,10 +211,14 @@ def _balanced_cuts(sizes: list[int], stages: int) -> list[int]:
     for k in range(1, stages + 1):
         for j in range(k, n + 1):
             for i in range(k - 1, j):
+                if i in forbidden:
+                    continue
                 group = prefix[j] - prefix[i]
                 value = (max(best[k - 1][i][0], group), best[k - 1][i][1] + (group == 0))
                 if value <= best[k][j]:
                     best[k][j], cut[k][j] = value, i
+    if best[stages][n][0] == float("inf"):
+        return None
     cuts, j = [], n
     for k in range(stages, 1, -1):
         j = cut[k][j]

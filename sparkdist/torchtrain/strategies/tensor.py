@@ -66,6 +66,10 @@ def check(spec: dict[str, Any], module: torch.nn.Module) -> None:
     """ParamError for a model or setting tensor parallelism cannot train, before launch."""
     if spec.get("backend", "torch") != "torch":
         raise ParamError(HOROVOD)
+    tied = strategies.shared_parameters(module)
+    if tied:  # parallelize_module would split (or replicate) each holder's copy on its own
+        raise strategies.tied_error("tensor", tied[0], "tensor parallelism splits each "
+                                    "module's parameters on their own")
     plan_of(module, spec["input_dim"], spec["num_workers"])
 
 
