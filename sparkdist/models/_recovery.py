@@ -13,15 +13,16 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NoReturn
 
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.sql import functions as F
@@ -151,8 +152,13 @@ class RunGuard:
     The lock is ``lock.json``, created exclusively (:func:`sparkdist.store.create_exclusive`:
     of two racing fits one wins) and holding this fit's id, host, pid and an expiry that a
     daemon thread renews every HEARTBEAT_SECONDS; a lock whose expiry passed (a killed driver)
-    is taken over. ``run.json`` holds the fingerprint, the state ('running' or 'complete')
-    and the epochs/rounds done at completion.
+    is taken over. Every change of an existing lock (a takeover, a renewal, the release) is a
+    conditional write on the very lease read (:func:`sparkdist.store.replace_if`): of several
+    fits taking over one expired lease exactly one wins, and a driver that paused past its
+    lease finds another fit's lease and stops renewing instead of overwriting it. No lease
+    outlasts LEASE_SECONDS after its last write, whatever expiry it names. ``run.json`` holds
+    the fingerprint, the state ('running' or 'complete') and the epochs/rounds done at
+    completion. Either file in a shape sparkdist never writes is refused with a ParamError.
     """
 
     def __init__(self, location: str, run_id: str, fingerprint: dict[str, Any],
@@ -163,54 +169,118 @@ class RunGuard:
         self.fit_id = uuid.uuid4().hex[:12]
         self.resumed = False
         self._stop = threading.Event()
+        self._beat: threading.Thread | None = None
+        self._lock_path = f"{location}/{LOCK_FILE}"
 
     # -- the lock
     def lock(self) -> None:
-        path = f"{self.location}/{LOCK_FILE}"
+        """Take the run's lock, or raise ParamError naming the fit that holds it."""
         try:
-            store.create_exclusive(path, self._lease())
+            store.create_exclusive(self._lock_path, self._lease())
         except PathExistsError:
-            held = _read_json(path) or {}
-            if float(held.get("expires", 0)) > time.time():
-                raise ParamError(self._held_message(held)) from None
-            _LOG.warning("runId %r: taking over the lock of fit %s, which expired (its "
-                         "driver stopped renewing it)", self.run_id, held.get("fit_id"))
-            store.remove(path)
-            try:
-                store.create_exclusive(path, self._lease())
-            except PathExistsError:  # another fit took it over first
-                raise ParamError(self._held_message(_read_json(path) or {})) from None
-        threading.Thread(target=self._heartbeat, daemon=True,
-                         name=f"sparkdist-lock-{self.run_id}").start()
+            self._take_over()
+        self._beat = threading.Thread(target=self._heartbeat, daemon=True,
+                                      name=f"sparkdist-lock-{self.run_id}")
+        self._beat.start()
+
+    def _take_over(self) -> None:
+        """Take over an expired lease by a write conditional on that lease; refuse a live one,
+        and the takeover another fit won."""
+        try:
+            found = store.read_tagged(self._lock_path, store.CONTROL_LIMIT)
+        except FileNotFoundError:  # released meanwhile
+            self._create_or_refuse()
+            return
+        held = self._lease_in(found)
+        if held["expires"] > time.time():
+            raise ParamError(self._held_message(held))
+        _LOG.warning("runId %r: taking over the lock of fit %s, which expired (its "
+                     "driver stopped renewing it)", self.run_id, held["fit_id"])
+        if not store.replace_if(self._lock_path, found.tag, self._lease()):
+            self._refuse()  # another fit took it over (or it was released) first
+
+    def _create_or_refuse(self) -> None:
+        try:
+            store.create_exclusive(self._lock_path, self._lease())
+        except PathExistsError:
+            self._refuse()
+
+    def _refuse(self) -> NoReturn:
+        try:
+            held = self._lease_in(store.read_tagged(self._lock_path, store.CONTROL_LIMIT))
+        except FileNotFoundError:
+            held = {}
+        raise ParamError(self._held_message(held))
 
     def unlock(self) -> None:
+        """Stop renewing, and remove the lock if it is still this fit's (never raises: the
+        fit's own outcome matters more; an unremoved lock expires)."""
         self._stop.set()
-        path = f"{self.location}/{LOCK_FILE}"
-        if (_read_json(path) or {}).get("fit_id") == self.fit_id:
-            store.remove(path)
+        try:
+            found = self._own_lease()
+            if found is not None:
+                store.remove_if(self._lock_path, found.tag)
+        except (OSError, ValueError) as err:
+            _LOG.warning("runId %r: cannot release the lock %s: %s", self.run_id,
+                         self._lock_path, err)
+
+    def _own_lease(self) -> store.Tagged | None:
+        """lock.json as read, when it holds this fit's lease; None when another's or none."""
+        try:
+            found = store.read_tagged(self._lock_path, store.CONTROL_LIMIT)
+        except FileNotFoundError:
+            return None
+        return found if self._lease_in(found)["fit_id"] == self.fit_id else None
 
     def _lease(self) -> bytes:
         return json.dumps({"fit_id": self.fit_id, "host": socket.gethostname(),
                            "pid": os.getpid(), "expires": time.time() + LEASE_SECONDS}).encode()
 
+    def _lease_in(self, found: store.Tagged) -> dict[str, Any]:
+        """The lease in lock.json, its expiry capped at LEASE_SECONDS after the file was
+        written (the store's clock; now where the store does not say); ParamError for a file
+        that is no lease."""
+        lease = _json_object(self._lock_path, found.data, self._foreign_lock)
+        expires = lease.get("expires")
+        if not isinstance(lease.get("fit_id"), str) or not _finite(expires):
+            raise ParamError(self._foreign_lock("its fit_id is not a string or its expires "
+                                                "not a finite number"))
+        written = time.time() if found.modified is None else found.modified
+        return {**lease, "expires": min(float(lease["expires"]), written + LEASE_SECONDS)}
+
+    def _foreign_lock(self, why: str) -> str:
+        return (f"{self._lock_path} is not a lock sparkdist wrote ({why}). If no fit of "
+                f"runId={self.run_id!r} is running, delete it; or use another runId.")
+
     def _heartbeat(self) -> None:
         while not self._stop.wait(HEARTBEAT_SECONDS):
             try:
-                store.write_bytes(f"{self.location}/{LOCK_FILE}", self._lease())
+                found = self._own_lease()
+                if found is not None and store.replace_if(self._lock_path, found.tag,
+                                                          self._lease()):
+                    continue
             except Exception as err:  # a store hiccup: the lease lasts LEASE_SECONDS anyway
                 _LOG.warning("runId %r: cannot renew the lock: %s", self.run_id, err)
+                continue
+            if not self._stop.is_set():  # (not released by unlock meanwhile)
+                _LOG.error("runId %r: fit %s lost its lock %s to another fit (this driver "
+                           "did not renew it for %.0f s); both fits may now write the run's "
+                           "checkpoints: stop one of them.", self.run_id, self.fit_id,
+                           self._lock_path, LEASE_SECONDS)
+            return
 
     def _held_message(self, held: dict[str, Any]) -> str:
-        until = time.strftime("%H:%M:%S", time.localtime(float(held.get("expires", 0))))
+        until = (time.strftime("%H:%M:%S", time.localtime(held["expires"]))
+                 if "expires" in held else f"at most {LEASE_SECONDS:.0f} s from now")
         return (f"runId={self.run_id!r} is in use by another fit (fit {held.get('fit_id')} "
                 f"on host {held.get('host')}, pid {held.get('pid')}; its lock "
-                f"{self.location}/{LOCK_FILE} is renewed while it runs and expires at "
+                f"{self._lock_path} is renewed while it runs and expires at "
                 f"{until} if its driver died). Wait for it, or use another runId.")
 
     # -- the run record
     def start(self, mode: str) -> None:
         """Decide between a fresh start and a resume (or refuse), then record the run."""
-        record = _read_json(f"{self.location}/{RUN_FILE}")
+        record = self._record() if mode != "never" else None
         steps = Checkpoints(self.location).steps()
         self.resumed = mode != "never" and self._resumable(record, steps, mode)
         if not self.resumed:
@@ -280,6 +350,27 @@ class RunGuard:
         for step in steps:
             store.remove(f"{self.location}/ckpt-{step:010d}")
 
+    def _record(self) -> dict[str, Any] | None:
+        """run.json, checked (None when absent); ParamError for a file of another shape."""
+        path = f"{self.location}/{RUN_FILE}"
+        try:
+            data = store.read_bytes(path, store.CONTROL_LIMIT)
+        except FileNotFoundError:
+            return None
+        record = _json_object(path, data, self._foreign_record)
+        fingerprint = record.get("fingerprint")
+        if not (isinstance(fingerprint, dict) and isinstance(record.get("state"), str)
+                and _whole(record.get("done", 0)) and _whole(fingerprint.get(self.total, 0))):
+            raise ParamError(self._foreign_record(
+                f"it needs a 'fingerprint' object, a 'state' string and whole numbers of "
+                f"{self.total} and 'done'"))
+        return record
+
+    def _foreign_record(self, why: str) -> str:
+        return (f"{self.location}/{RUN_FILE} is not a run record sparkdist wrote ({why}). "
+                f"Use resume='never' to train runId={self.run_id!r} again from scratch (the "
+                "file and the run's checkpoints are replaced), or use another runId.")
+
     def _write(self, record: dict[str, Any]) -> None:
         store.write_bytes(f"{self.location}/{RUN_FILE}",
                           json.dumps(record, sort_keys=True).encode())
@@ -297,11 +388,26 @@ def _differences(old: dict[str, Any], new: dict[str, Any], ignore: set[str]) -> 
             if json.dumps(old.get(name)) != json.dumps(new.get(name))]
 
 
-def _read_json(url: str) -> dict[str, Any] | None:
+def _json_object(url: str, data: bytes, foreign: Callable[[str], str]) -> dict[str, Any]:
+    """The JSON object in ``data`` (read from ``url``), or ParamError(foreign(why)). Both
+    files are written whole (never torn), so anything else is not sparkdist's."""
     try:
-        return dict(json.loads(store.read_bytes(url)))
-    except FileNotFoundError:
-        return None
-    except ValueError:  # a torn or foreign file: treated as absent, but said
-        _LOG.warning("%s is not valid JSON; ignoring it", url)
-        return None
+        value = json.loads(data)
+    except ValueError as err:  # UnicodeDecodeError included
+        raise ParamError(foreign(f"not JSON: {err}")) from None
+    if not isinstance(value, dict):
+        raise ParamError(foreign(f"a JSON {type(value).__name__}, not an object"))
+    return value
+
+
+def _finite(value: Any) -> bool:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:  # an int beyond any float
+        return False
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
