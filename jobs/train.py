@@ -1,7 +1,10 @@
-"""Train the models of a workflow config: `spark-submit jobs/train.py [CONFIG] [--no-tracking]`.
+"""Train the models of a workflow config: `spark-submit jobs/train.py [CONFIG] [--no-tracking]
+[--import MODULE ...]`.
 
 With CONFIG: the same workflow as `sparkdist train CONFIG` (the comparison table, then the
-result as one JSON line). Without: the make demo, every model family in one Spark session:
+result as one JSON line); the modules that define your own classes are named in the config
+(`imports: [mypkg.nets]`) or by `--import`, and shipped to the executors with `--py-files`.
+Without: the make demo, every model family in one Spark session:
 jobs/configs/churn.yaml (logistic regression, random forest, XGBoost and an MLP trained by
 TorchEstimator on 2 Spark tasks), then jobs/configs/ratings_als.yaml (ALS: RMSE and
 ranking@10). It prints sparkdist's progress lines, then a report: each job's comparison table

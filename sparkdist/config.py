@@ -5,6 +5,7 @@ Unknown or misspelt keys are errors that say which key, where, and what was prob
 Example (``jobs/configs/churn.yaml``)::
 
     name: churn
+    imports: [mypkg.nets]    # optional: modules that define classes the params name
     data: {path: data/churn_sample.parquet}
     features: {numericCols: [month_interaction_count], labelCol: cancelled_within_week}
     split: {method: random, fractions: {train: 0.8, test: 0.2}, keyCols: [customer_id]}
@@ -14,7 +15,10 @@ Example (``jobs/configs/churn.yaml``)::
 
 from __future__ import annotations
 
+import importlib
 import json
+import keyword
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -108,6 +112,7 @@ class OutputConfig(_Strict):
 
 class WorkflowConfig(_Strict):
     name: str
+    imports: list[str] = []  # modules imported before the models are built (import_modules)
     data: DataConfig
     features: FeaturesConfig | None = None  # None: the models read raw columns (ALS)
     split: SplitConfig = SplitConfig()
@@ -128,9 +133,12 @@ def load_config(path: str | Path) -> WorkflowConfig:
     """Read and validate a YAML (``.yaml``/``.yml``) or JSON config file."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise ConfigError(f"cannot read config {str(path)!r}: {err.strerror}.") from None
+    except UnicodeDecodeError as err:  # a ValueError, not an OSError
+        raise ConfigError(f"config {str(path)!r} is not UTF-8 text (byte {err.start}: "
+                          f"{err.reason}); save it as UTF-8.") from None
     try:
         raw = json.loads(text) if path.suffix == ".json" else _yaml(text)
     except ValueError as err:
@@ -145,6 +153,29 @@ def parse_config(raw: Any, source: str = "config") -> WorkflowConfig:
     except ValidationError as err:
         problems = "; ".join(_explain(e) for e in err.errors())
         raise ConfigError(f"{source}: {problems}") from None
+
+
+def import_modules(names: Sequence[str], where: str = "imports") -> None:
+    """Import each module the user named (config ``imports``, the CLI's ``--import``), so
+    that Params may name the classes they define (``model: mypkg.nets.Net``): a Param never
+    imports a module itself, and nothing read from a saved model is passed here.
+
+    Raises
+    ------
+    ConfigError : a name is not a dotted module name, or its import fails (naming it).
+    """
+    for name in names:
+        if not (isinstance(name, str) and name
+                and all(p.isidentifier() and not keyword.iskeyword(p) for p in name.split("."))):
+            raise ConfigError(f"{where}: {name!r} is not a module name; give a dotted name "
+                              "such as 'mypkg.nets'.")
+        try:
+            importlib.import_module(name)
+        except Exception as err:  # its top-level code may raise anything
+            detail = (str(err).splitlines() or [""])[0]
+            raise ConfigError(f"{where}: cannot import module {name!r} "
+                              f"({type(err).__name__}: {detail}); install it or put it on "
+                              "PYTHONPATH (executors too: spark-submit --py-files).") from None
 
 
 def _yaml(text: str) -> Any:

@@ -7,10 +7,16 @@ is written into a fresh version directory ``path/v-<time>-<id>/``; then one smal
 in one step: that write is the commit. A crash before it leaves the previous model (or
 nothing) loadable; after it, the new one. A save without overwrite commits only if no other
 writer committed first (an exclusive create), so a concurrent writer is refused, never
-deleted. Versions nobody committed (a killed save) are removed by a later save of the same
-path once they are an hour old; nothing reads them before that. A path that is empty, a root,
-the working directory or one of its parents, or an existing directory that is not a saved
-model, is refused before anything is written.
+deleted. The version an overwrite replaced stays for :data:`REPLACED_GRACE_S` (an hour)
+after it, so that processes which loaded it keep working (ALS reads its factors lazily); a
+later save of the same path removes it after that. Versions nobody committed (a killed save)
+are removed by a later save once they are an hour old; nothing reads them before that. A
+path that is empty, a root, the working directory or one of its parents, an existing
+directory that is not a saved model, a path with Hadoop glob characters (``{}[]*?``), a
+relative ``file:`` URL, a path under a file or on a read-only filesystem, or one in a bucket
+that does not exist, is refused before anything is written (sparkdist never creates a
+bucket). A store failure while saving is a :class:`~sparkdist.store.StoreError` naming the
+path.
 
 **Loading** (:func:`load_model`, ``Cls.load(path)``) reads the metadata JSON with the store,
 not with Spark, and loads only classes on an allowlist, looked up by name *before* anything is
@@ -18,7 +24,9 @@ imported: sparkdist's own stages, PipelineModel (whose stages are loaded by this
 uids checked to be plain names) and pyspark.ml's own feature and model classes that are read
 by their JVM readers (:data:`PYSPARK_MODULES`). Anything else is a :class:`ModelLoadError`.
 Artifacts are in non-executable formats (JSON, Parquet, MLlib's formats, UBJSON, torch state
-dicts read with ``weights_only=True``).
+dicts read with ``weights_only=True``). A load whose version an overwrite removed after the
+load read the commit retries once with the new commit; a store, JVM or malformed-directory
+failure is a ModelLoadError naming the path.
 
 A model mixes in :class:`PersistentModel` and implements ``_state()`` (a JSON-able dict kept
 in the metadata), ``_save_artifacts(path)`` and ``_from_state(state, path)``; an estimator
@@ -27,15 +35,21 @@ mixes in :class:`ParamsPersistence`.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import inspect
 import json
+import logging
 import re
 import time
 import uuid
-from typing import Any, cast
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
 
+from py4j.protocol import Py4JJavaError
+from pyspark.errors import PySparkException
+from pyspark.errors.exceptions.captured import CapturedException
 from pyspark.ml.param import Params
 from pyspark.ml.util import DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
 
@@ -43,6 +57,9 @@ from sparkdist import store
 from sparkdist._params import StageParams
 from sparkdist.exceptions import ModelLoadError, ParamError
 from sparkdist.models import MODULES as MODELS
+
+_LOG = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 STATE_KEY = "sparkdistState"
 #: The committed version directory of a stage, relative to the stage's path.
@@ -63,6 +80,12 @@ _UID = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 _VERSION = re.compile(r"^v-(\d{13})-[0-9a-f]{8}$")
 #: A version directory that no commit names is swept once it is this old (a killed save).
 ORPHAN_AGE_S = 3600.0
+#: The version an overwrite replaced is swept (by a later save) once it was replaced this
+#: long ago: a process that loaded it should load the path again within this time. 0
+#: removes it at once.
+REPLACED_GRACE_S = 3600.0
+#: In a replaced version: when the overwrite committed (milliseconds since the epoch).
+REPLACED = "_replaced"
 
 
 # ------------------------------------------------------------------------------------ save
@@ -72,9 +95,11 @@ def save_model(stage: Any, path: str, overwrite: bool = False, spark: Any = None
     Raises
     ------
     ParamError : ``path`` is empty, a root, the working directory or a parent of it, an
-        unsupported scheme, or an existing directory that is not a saved model.
+        unsupported scheme, an existing directory that is not a saved model, has glob
+        characters, lies under a file, cannot be written or is in a missing bucket.
     PathExistsError : ``path`` holds a model (or another writer committed one first) and
         ``overwrite`` is False.
+    StoreError : the store failed while saving (nothing was committed).
 
     Examples
     --------
@@ -98,8 +123,11 @@ def save_model(stage: Any, path: str, overwrite: bool = False, spark: Any = None
         body = (json.dumps(record, separators=(",", ":")) + "\n").encode()
         commit = store.create_exclusive if previous is None else store.write_bytes
         commit(f"{path}/{RECORD}", body)
-    except BaseException:
-        store.remove(f"{path}/{version}")
+    except BaseException as err:
+        with contextlib.suppress(Exception):  # else a later save sweeps it as an orphan
+            store.remove(f"{path}/{version}")
+        if isinstance(err, Exception) and _store_failure(err):
+            raise store.failure(path, err, "saving (nothing was committed)") from err
         raise
     _sweep(path, version, previous)
 
@@ -139,20 +167,41 @@ def _foreign_entries(path: str) -> list[str]:
 
 
 def _sweep(path: str, keep: str, previous: dict[str, Any] | None) -> None:
-    """Remove what no commit names any more: the version the previous commit named (or, for
-    a directory written before versions, its files), and versions of killed saves. A version
-    of a save still under way is young and not the previous one, so it is left alone."""
+    """After a commit: mark the version the previous commit named as replaced now (or
+    remove it, when :data:`REPLACED_GRACE_S` is 0), and remove what no commit names any
+    more: versions replaced over the grace period ago, versions of killed saves over
+    :data:`ORPHAN_AGE_S` old, and a directory's files written before versions. A version of
+    a save still under way is young and unmarked, so it is left alone. The save is
+    committed: a failure here is logged, never raised."""
     replaced = (previous or {}).get(DATA_KEY)
     now_ms = time.time() * 1000
-    for name in store.listdir(path):
-        match = _VERSION.match(name)
-        stale = match is not None and now_ms - int(match.group(1)) > ORPHAN_AGE_S * 1000
-        legacy = match is None and previous is not None and replaced is None
-        if name not in (keep, "metadata") and (name == replaced or stale or legacy):
-            store.remove(f"{path}/{name}")
-    for name in store.listdir(f"{path}/metadata"):  # Spark's part file, _SUCCESS, .crc
-        if name != "part-00000" and not name.startswith(".part-00000.tmp-"):
-            store.remove(f"{path}/metadata/{name}")
+    try:
+        if isinstance(replaced, str) and _VERSION.match(replaced) and replaced != keep:
+            if REPLACED_GRACE_S <= 0:
+                store.remove(f"{path}/{replaced}")
+            elif store.exists(f"{path}/{replaced}"):  # a stage without files has none
+                store.write_bytes(f"{path}/{replaced}/{REPLACED}", b"%d" % now_ms)
+        for name in store.listdir(path):
+            match = _VERSION.match(name)
+            legacy = match is None and previous is not None and replaced is None
+            if name not in (keep, "metadata", replaced) and (
+                    legacy or (match is not None and _expired(path, name, now_ms))):
+                store.remove(f"{path}/{name}")
+        for name in store.listdir(f"{path}/metadata"):  # Spark's part file, _SUCCESS, .crc
+            if name != "part-00000" and not name.startswith(".part-00000.tmp-"):
+                store.remove(f"{path}/metadata/{name}")
+    except Exception as err:  # committed already; the next save sweeps what is left
+        _LOG.warning("'%s' is saved, but removing replaced versions failed: %s", path, err)
+
+
+def _expired(path: str, version: str, now_ms: float) -> bool:
+    """Whether an uncommitted version may go: replaced over the grace period ago, or never
+    committed and older than :data:`ORPHAN_AGE_S`."""
+    try:
+        since, grace = float(store.read_bytes(f"{path}/{version}/{REPLACED}")), REPLACED_GRACE_S
+    except (FileNotFoundError, ValueError):  # unmarked: a killed (or running) save
+        since, grace = float(version.split("-")[1]), ORPHAN_AGE_S
+    return now_ms - since > grace * 1000
 
 
 # ------------------------------------------------------------------------------------ load
@@ -162,7 +211,8 @@ def load_model(path: str, spark: Any = None) -> Any:
 
     Raises
     ------
-    ModelLoadError : ``path`` is not a saved model, or names a class sparkdist does not load.
+    ModelLoadError : ``path`` is not a saved model, names a class sparkdist does not load,
+        or cannot be read (the store, or Spark's reader, failed: the message says why).
 
     Examples
     --------
@@ -173,14 +223,73 @@ def load_model(path: str, spark: Any = None) -> Any:
     """
     spark = spark or _active_spark()
     path = path.rstrip("/")
-    record = _read_record(path)
+    return _load_committed(path, lambda record: _load_stage(path, record, spark))
+
+
+def _load_stage(path: str, record: dict[str, Any], spark: Any) -> Any:
     name = str(record.get("class"))
     if name in _PIPELINE_MODELS:
         return _load_pipeline(path, record, spark)
     cls = allowed_class(name, path)
-    if issubclass(cls, ParamsPersistence):
+    if issubclass(cls, ParamsPersistence):  # its own reader (TorchModel's checks more)
         return cls.read().session(spark).load(path)
     return cls.load(store.jvm_input(spark, data_root(path, record)))
+
+
+def _load_committed(path: str, load: Callable[[dict[str, Any]], _T]) -> _T:
+    """``load(record)`` of the commit at ``path``, retried once with the new commit when an
+    overwrite removed the version after this load read the commit. A failure of the store,
+    of Spark's readers or a runaway recursion is a ModelLoadError naming ``path``."""
+    try:
+        record = _read_record(path)
+        try:
+            return load(record)
+        except Exception:
+            newer = _newer_commit(path, record)
+            if newer is None:
+                raise
+            _LOG.info("'%s' was overwritten while loading; loading the new version", path)
+            return load(newer)
+    except Exception as err:
+        if not _io_failure(err):
+            raise
+        detail = error_line(err)
+        raise ModelLoadError(f"'{path}' could not be read ({detail}). Check that it is the "
+                             "directory save(path) wrote, intact, and that the store is "
+                             "reachable with these credentials.") from err
+
+
+def _newer_commit(path: str, record: dict[str, Any]) -> dict[str, Any] | None:
+    """The commit at ``path`` now, if it names another version and the one ``record`` named
+    is gone (an overwrite swept it); else None."""
+    try:
+        current = _committed_record(path)
+        version = record.get(DATA_KEY)
+        if (current is None or version is None or current.get(DATA_KEY) == version
+                or store.exists(data_root(path, record))):
+            return None
+        return current
+    except Exception:  # the original error says more
+        return None
+
+
+def _store_failure(err: Exception) -> bool:
+    """An error of the store, or of Spark's JVM (its writers and readers), unwrapped."""
+    return store.is_store_error(err) or isinstance(err, (Py4JJavaError, CapturedException))
+
+
+def _io_failure(err: Exception) -> bool:
+    """What a load reports as 'could not be read': a store or JVM failure (a StoreError
+    too), or a runaway recursion; not an error sparkdist raised on purpose."""
+    return (isinstance(err, (store.StoreError, PySparkException, RecursionError))
+            or _store_failure(err))
+
+
+def error_line(err: BaseException) -> str:
+    """The first telling line of ``err`` (a Py4JJavaError's first line names only the call)."""
+    lines = [line.strip(" \t:") for line in str(err).splitlines() if line.strip(" \t:")]
+    lines = [line for line in lines if not line.startswith("An error occurred while")]
+    return f"{type(err).__name__}: {(lines or [''])[0][:300]}"
 
 
 def allowed_class(name: str, path: str) -> type[Any]:
@@ -256,8 +365,9 @@ def _read_record(path: str) -> dict[str, Any]:
     """The metadata JSON of a saved stage, or ModelLoadError."""
     record = _committed_record(path)
     if record is None:
-        raise ModelLoadError(f"'{path}' is not a saved sparkdist model: it has no metadata/ "
-                             "file. Point at the directory that save(path) wrote.")
+        what = "is a file" if store.is_file(path) else "has no metadata/ file"
+        raise ModelLoadError(f"'{path}' is not a saved sparkdist model: it {what}. Point at "
+                             "the directory that save(path) wrote.")
     return record
 
 
@@ -305,22 +415,27 @@ class _Reader(MLReader):
 
     def load(self, path: str) -> Any:
         path = path.rstrip("/")
-        metadata = read_metadata(path, self.cls)
-        instance: Any
-        if issubclass(self.cls, PersistentModel):
-            state = metadata.get(STATE_KEY) or {}
-            if not isinstance(state, dict):
-                raise ModelLoadError(f"'{path}': its {STATE_KEY} is not an object.")
-            try:
-                instance = self.cls._from_state(state, data_root(path, metadata))
-            except KeyError as err:  # a state key the model needs was removed or renamed
-                raise ModelLoadError(f"'{path}': its {STATE_KEY} lacks {err}; the directory "
-                                     "is incomplete or was edited. Save the model again.") from err
-        else:
-            instance = self.cls()
-        instance._resetUid(str(metadata["uid"]))
-        restore_params(instance, metadata, path)
-        return instance
+        return _load_committed(path, lambda record: _from_record(
+            self.cls, path, _checked_metadata(path, record, self.cls)))
+
+
+def _from_record(cls: type[Any], path: str, metadata: dict[str, Any]) -> Any:
+    """An instance of ``cls`` from its checked metadata and its version's files."""
+    instance: Any
+    if issubclass(cls, PersistentModel):
+        state = metadata.get(STATE_KEY) or {}
+        if not isinstance(state, dict):
+            raise ModelLoadError(f"'{path}': its {STATE_KEY} is not an object.")
+        try:
+            instance = cls._from_state(state, data_root(path, metadata))
+        except KeyError as err:  # a state key the model needs was removed or renamed
+            raise ModelLoadError(f"'{path}': its {STATE_KEY} lacks {err}; the directory "
+                                 "is incomplete or was edited. Save the model again.") from err
+    else:
+        instance = cls()
+    instance._resetUid(str(metadata["uid"]))
+    restore_params(instance, metadata, path)
+    return instance
 
 
 class ParamsPersistence(StageParams, MLReadable, MLWritable):
@@ -367,9 +482,13 @@ def require_json_params(instance: Any) -> None:
 
 def read_metadata(path: str, cls: type) -> dict[str, Any]:
     """The metadata JSON of a directory saved for exactly ``cls``, or ModelLoadError."""
+    return _checked_metadata(path, _read_record(path), cls)
+
+
+def _checked_metadata(path: str, metadata: dict[str, Any], cls: type) -> dict[str, Any]:
+    """``metadata`` if it was saved for exactly ``cls`` by sparkdist, else ModelLoadError."""
     expected = f"{cls.__module__}.{cls.__name__}"
     where = f"'{path}' is not a saved sparkdist {cls.__name__}"
-    metadata = _read_record(path)
     found = metadata.get("class")
     if found != expected:
         raise ModelLoadError(f"{where}: it holds a {found!r}, not a {expected!r}; load it "

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import shutil
+import subprocess
 import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -23,8 +26,18 @@ ENV_LOG_LEVEL = "SPARKDIST_LOG_LEVEL"
 ENV_CONF_PREFIX = "SPARKDIST_CONF_"  # SPARKDIST_CONF_spark__executor__memory=2g
 ENV_REMOTE = "SPARK_REMOTE"  # pyspark's own variable: sc://host:port, or local[N]
 ENV_CONNECT_TIMEOUT = "SPARKDIST_CONNECT_TIMEOUT_S"
+ENV_PRELOAD = "SPARKDIST_PRELOAD"  # 0: pyspark's own Python daemon (no torch preload)
 #: How long :func:`get_spark` waits for a Spark Connect server to answer before giving up.
 CONNECT_TIMEOUT_S = 10.0
+#: Spark conf that acts only where the driver's JVM starts (its command line, or spark-submit's
+#: own work before the JVM runs the driver): set on a running JVM, it changes nothing.
+LAUNCH_KEYS = ("spark.driver.memory", "spark.driver.extraJavaOptions",
+               "spark.driver.defaultJavaOptions", "spark.driver.extraClassPath",
+               "spark.driver.extraLibraryPath", "spark.jars", "spark.jars.packages",
+               "spark.jars.repositories", "spark.jars.excludes", "spark.jars.ivy",
+               "spark.jars.ivySettings")
+#: How long :func:`get_spark` waits for the executors' Python to try importing the daemon.
+PROBE_TIMEOUT_S = 60.0
 
 
 def get_spark(
@@ -43,7 +56,13 @@ def get_spark(
     is the launcher's, else ``master``, else ``$SPARKDIST_MASTER``, else ``local[*]``. Keys
     the launcher left unset are filled in: ``conf`` and ``SPARKDIST_CONF_<key with '.'
     written '__'>``, then Arrow enabled, the driver bound to 127.0.0.1 in local modes,
-    shuffle partitions sized to the cores, no console progress bar. Logs at WARN: the JVM's
+    shuffle partitions sized to the cores, no console progress bar, and for local masters the
+    Python daemon that preloads torch (:func:`preload_conf`). Keys that act only when the
+    driver's JVM starts (:data:`LAUNCH_KEYS`: ``spark.driver.memory``,
+    ``spark.driver.extraJavaOptions``, ``spark.jars.packages``, ...) go on the JVM's command
+    line when this call starts it, as pyspark's builder does (``spark-defaults.conf`` and
+    ``PYSPARK_SUBMIT_ARGS`` still win); where the JVM runs already, a warning names each one
+    that did not take effect. Logs at WARN: the JVM's
     from its start when this process starts it (:func:`jvm_log_options`), py4j's and
     xgboost.spark's (:func:`quiet_logs`); ``log_level`` or ``$SPARKDIST_LOG_LEVEL`` sets
     the JVM's after start-up.
@@ -73,14 +92,16 @@ def get_spark(
     launched = "PYSPARK_GATEWAY_PORT" in os.environ  # spark-submit or a notebook's launcher
     _prepare_launch(master)
     quiet_logs()
+    asked = {**_env_conf(), **dict(conf or {})}
     with _quiet_jvm():  # the gateway's JVM starts here, unless it runs already
-        launcher = launcher_conf()
+        launcher = launcher_conf(launch=_launch_conf(asked))
     master = _choose_master(launcher.get("spark.master"), master)
     _local_env(master)
-    asked = {**_env_conf(), **dict(conf or {})}
     _warn_overridden(launcher, asked)
+    _warn_launch_ignored(launcher, asked)
     builder = SparkSession.builder.master(master)
-    defaults = {**_default_conf(master), "spark.app.name": app_name, **asked}
+    defaults = {**_default_conf(master), **preload_conf(master, {**launcher, **asked}),
+                "spark.app.name": app_name, **asked}
     for key, value in defaults.items():
         if key not in launcher:  # fill in what the launcher left unset, override nothing
             builder = builder.config(key, value)
@@ -107,14 +128,16 @@ def _stopped_at_exit(spark: SparkSession) -> SparkSession:
     return spark
 
 
-def launcher_conf() -> dict[str, str]:
+def launcher_conf(launch: Mapping[str, str] | None = None) -> dict[str, str]:
     """The Spark conf the launcher set for this driver before any session exists.
 
     spark-submit's ``--master``/``--conf``, ``spark-defaults.conf`` and ``PYSPARK_SUBMIT_ARGS``
     all reach the driver JVM as ``spark.*`` system properties, which ``SparkConf()`` loads.
-    Starts the JVM gateway (as ``getOrCreate`` would). Leaves out the two values that mean
-    "nobody chose": spark-submit's fallback master ``local[*]`` and the app name
-    ``pyspark-shell`` pyspark gives a gateway it starts itself.
+    Starts the JVM gateway (as ``getOrCreate`` would), with ``launch`` as ``--conf`` options
+    before ``PYSPARK_SUBMIT_ARGS`` (which therefore wins) when this call starts it; they are
+    then part of the answer. Leaves out the two values that mean "nobody chose":
+    spark-submit's fallback master ``local[*]`` and the app name ``pyspark-shell`` pyspark
+    gives a gateway it starts itself.
 
     Examples
     --------
@@ -127,7 +150,9 @@ def launcher_conf() -> dict[str, str]:
     """
     from pyspark import SparkConf, SparkContext
 
-    SparkContext._ensure_initialized()
+    # pyspark passes a conf to the gateway it launches as --conf (ignored if one runs)
+    SparkContext._ensure_initialized(conf=SparkConf(loadDefaults=False).setAll(
+        list((launch or {}).items())) if launch else None)
     found = dict(SparkConf().getAll())
     # spark-submit turns the console progress bar on for a shell ("pyspark-shell": the gateway
     # pyspark starts itself) unless told otherwise: a fallback too, not a choice.
@@ -141,6 +166,27 @@ def launcher_conf() -> dict[str, str]:
 
 
 _PROGRESS_BAR = "spark.ui.showConsoleProgress"
+
+
+def _launch_conf(asked: Mapping[str, str]) -> dict[str, str]:
+    """The launch-time keys of ``asked`` that ``spark-defaults.conf`` leaves unset (its values
+    come from the launcher, and win)."""
+    chosen = _defaults_file_keys()
+    return {key: value for key, value in asked.items()
+            if key in LAUNCH_KEYS and key not in chosen}
+
+
+def _defaults_file_keys() -> set[str]:
+    """The keys ``spark-defaults.conf`` sets (a Java properties file: ``key value`` or
+    ``key=value`` lines, ``#``/``!`` comments)."""
+    conf_dir = _spark_conf_dir()
+    try:
+        text = (conf_dir / "spark-defaults.conf").read_text(errors="replace") if conf_dir else ""
+    except OSError:
+        return set()
+    lines = (line.strip() for line in text.splitlines())
+    return {re.split(r"[\s=:]", line, maxsplit=1)[0] for line in lines
+            if line and not line.startswith(("#", "!"))}
 
 
 def _named_by_user(key: str) -> bool:
@@ -320,6 +366,20 @@ def _warn_overridden(launcher: Mapping[str, str], asked: Mapping[str, str]) -> N
                      ENV_CONF_PREFIX, ignored)
 
 
+def _warn_launch_ignored(launcher: Mapping[str, str], asked: Mapping[str, str]) -> None:
+    """Launch-time keys the JVM never saw: it ran before this call (those the launcher set
+    otherwise are :func:`_warn_overridden`'s)."""
+    ignored = {key: value for key, value in asked.items()
+               if key in LAUNCH_KEYS and key not in launcher}
+    if ignored:
+        _LOG.warning(
+            "Spark conf ignored (conf=/$%s*): %s act only when the driver's JVM starts, and it "
+            "runs already. Set them before it starts: in PYSPARK_SUBMIT_ARGS (e.g. '--conf "
+            "spark.driver.memory=4g pyspark-shell'), spark-submit --conf or "
+            "spark-defaults.conf, or call get_spark before anything else starts Spark.",
+            ENV_CONF_PREFIX, ignored)
+
+
 def is_connect(spark: Any) -> bool:
     """Whether ``spark`` (a SparkSession, or a DataFrame) is a Spark Connect one: no
     SparkContext, no RDDs, no JVM handles on this side. Imports nothing.
@@ -358,7 +418,9 @@ def _connect(remote: str, app_name: str, conf: Mapping[str, str] | None) -> Spar
         _probe(DefaultChannelBuilder, remote)
     if local:
         _local_env(remote)
-    settings = {**(_default_conf(remote) if local else {}), **_env_conf(), **dict(conf or {})}
+    asked = {**_env_conf(), **dict(conf or {})}
+    defaults = {**_default_conf(remote), **preload_conf(remote, asked)} if local else {}
+    settings = {**defaults, **asked}
     builder = SparkSession.builder.remote(remote).appName(app_name)
     for key, value in settings.items():
         builder = builder.config(key, value)
@@ -407,10 +469,68 @@ def _default_conf(master: str) -> dict[str, str]:
         # The hostname may resolve to an interface executors cannot reach; loopback always works.
         conf["spark.driver.host"] = "127.0.0.1"
         conf["spark.driver.bindAddress"] = "127.0.0.1"
-        # Python workers fork from a daemon that imported torch once (the executors run this
-        # Python here): a TorchEstimator task does not pay the import (sparkdist.launch.daemon)
-        conf["spark.python.daemon.module"] = "sparkdist.launch.daemon"
     return conf
+
+
+def preload_conf(master: str, chosen: Mapping[str, str]) -> dict[str, str]:
+    """``spark.python.daemon.module=sparkdist.launch.daemon`` for a local master: Python
+    workers fork from a daemon that imported torch once, so a TorchEstimator task does not
+    pay the import (:mod:`sparkdist.launch.daemon`). Only where the executors' Python (the
+    ``spark.pyspark.python`` of ``chosen``, else ``$PYSPARK_PYTHON``) is this one or can
+    import that module (a UDF would fail in every worker otherwise), and not when ``chosen``
+    names a daemon or ``$SPARKDIST_PRELOAD`` is 0 (pyspark's own daemon: workers without
+    torch, about 200 MB less RSS each).
+
+    Raises
+    ------
+    ClusterConfigError : ``$SPARKDIST_PRELOAD`` is neither 0 nor 1.
+    """
+    from sparkdist.launch import daemon
+
+    if not master.startswith("local") or daemon.CONF in chosen or not _preload_wanted():
+        return {}
+    python = chosen.get("spark.pyspark.python") or os.environ.get("PYSPARK_PYTHON", "python3")
+    if _is_this_python(python) or _imports(python, daemon.MODULE):
+        return {daemon.CONF: daemon.MODULE}
+    _LOG.info("The executors' Python (%s) cannot import %s: pyspark's own daemon starts its "
+              "workers (no torch preloaded).", python, daemon.MODULE)
+    return {}
+
+
+def _preload_wanted() -> bool:
+    value = os.environ.get(ENV_PRELOAD, "1")
+    if value.strip().lower() not in ("0", "1", "false", "true", ""):
+        raise ClusterConfigError(
+            f"${ENV_PRELOAD}={value!r}: write 0 (pyspark's own Python daemon) or 1 (the "
+            "default: sparkdist.launch.daemon, torch preloaded, for local masters).")
+    return value.strip().lower() not in ("0", "false")
+
+
+def _is_this_python(python: str) -> bool:
+    """Whether ``python`` runs this interpreter in this environment: the same file, reached
+    from the same directory (a virtualenv's ``bin/python`` links to the base interpreter,
+    whose own packages differ)."""
+    found = shutil.which(python)
+    if found is None:
+        return False
+
+    def where(path: str) -> tuple[str, str]:
+        path = os.path.abspath(path)
+        return os.path.realpath(os.path.dirname(path)), os.path.realpath(path)
+
+    return where(found) == where(sys.executable)
+
+
+def _imports(python: str, module: str) -> bool:
+    """Whether ``python -c "import module"`` succeeds here (the local executors' environment
+    and working directory are this process's)."""
+    try:
+        done = subprocess.run([python, "-c", f"import {module}"], capture_output=True,
+                              timeout=PROBE_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        _LOG.debug("probing %s for %s failed: %s", python, module, err)
+        return False
+    return done.returncode == 0
 
 
 def _local_env(master: str) -> None:

@@ -10,7 +10,10 @@ configuration (for S3: the AWS variables and files, ``AWS_ENDPOINT_URL`` include
 
 A file is written whole or not at all (:func:`write_bytes`: temp + rename where the store can
 rename, one PUT on object stores); :func:`create_exclusive` refuses a file another writer
-created first (a hard link locally, a conditional ``If-None-Match`` PUT on S3).
+created first (a hard link locally, a conditional ``If-None-Match`` PUT on S3);
+:func:`replace_if`/:func:`remove_if` change a file only if it still holds the version read
+(:func:`read_tagged`). Reads refuse what is not a regular file (a FIFO, a device) before
+reading, and a ``limit`` bounds what a small control file may hold.
 
 Examples
 --------
@@ -32,10 +35,12 @@ import logging
 import os
 import re
 import shutil
+import stat
 import tempfile
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import timezone
 from typing import Any
 
 from sparkdist.exceptions import ParamError, SparkdistError
@@ -54,8 +59,18 @@ _EXTRAS = {"s3fs": "sparkdist[s3]", "gcsfs": "sparkdist[gcs]", "adlfs": "sparkdi
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
 
 
+#: The most a control file (a metadata record, run.json, lock.json) may hold: far above what
+#: sparkdist writes (a metadata record with 100,000 feature names is ~3 MiB), far below memory.
+CONTROL_LIMIT = 16 * 2**20
+
+
 class PathExistsError(SparkdistError, FileExistsError):
     """The target path exists and overwriting was not asked for."""
+
+
+class StoreError(SparkdistError, OSError):
+    """The store refused a request or could not be reached (credentials, endpoint, a path
+    that is not a directory); the message names the path."""
 
 
 @dataclass(frozen=True)
@@ -88,8 +103,10 @@ def locate(url: str, param: str = "path") -> Location:
                          f"{', '.join(s + '://' for s in SCHEMES)}.")
     protocol, package = SCHEMES[scheme]
     rest = url[len(scheme) + 1:]
-    if scheme in ("file", "dbfs"):
-        local = ("/dbfs/" if scheme == "dbfs" else "/") + rest.lstrip("/")
+    if scheme == "file":
+        return Location(fsspec.filesystem("file"), _file_url_path(url, rest, param), url)
+    if scheme == "dbfs":
+        local = "/dbfs/" + rest.lstrip("/")
         return Location(fsspec.filesystem("file"), os.path.abspath(local), url)
     try:
         # fsspec's instance cache (reset in a forked child) keeps one client per process: a
@@ -101,10 +118,30 @@ def locate(url: str, param: str = "path") -> Location:
     return Location(fs, fs._strip_protocol(f"{protocol}:{rest}").rstrip("/"), url)
 
 
+def _file_url_path(url: str, rest: str, param: str) -> str:
+    """The local path of a ``file:`` URL, read as Hadoop reads it (``file:/p``,
+    ``file:///p``); a relative ``file:p`` or one naming a host is refused, because sparkdist
+    and Spark would put it in different places."""
+    if rest.startswith("//"):
+        host, _, tail = rest[2:].partition("/")
+        if host:
+            raise ParamError(f"{param}={url!r} names the host {host!r}; a file: URL is "
+                             f"local: write file:///{tail} or a plain absolute path.")
+        rest = "/" + tail
+    if not rest.startswith("/"):
+        raise ParamError(f"{param}={url!r} is a relative file: URL, which Spark refuses "
+                         f"('Relative path in absolute URI'); write it as a plain path "
+                         f"({rest!r}) or an absolute one (file:///abs/path).")
+    return os.path.abspath(rest)
+
+
 def check_target(url: str, param: str = "path") -> Location:
     """A path that a save may replace: never empty, a filesystem or bucket root, the working
     directory or one of its parents (ParamError), so ``save("")`` or ``save("/")`` cannot
-    delete more than a model."""
+    delete more than a model. Nor a path that Spark's readers would read elsewhere (Hadoop
+    glob characters ``{}[]*?``), or that cannot be written: under a file, unwritable (a
+    read-only filesystem), or in a bucket that does not exist (sparkdist never creates one).
+    StoreError when the store cannot be asked."""
     if not url or not url.strip():
         raise ParamError(f"{param} is empty; give the directory to save into, e.g. "
                          "'models/churn'.")
@@ -119,12 +156,83 @@ def check_target(url: str, param: str = "path") -> Location:
     elif "/" not in where.path.strip("/"):
         raise ParamError(f"{param}={url!r} is the root of a bucket or container; save into a "
                          f"directory in it, e.g. '{url.rstrip('/')}/models/churn'.")
+    glob = _GLOB.search(where.path)
+    if glob:
+        raise ParamError(f"{param}={url!r} (at {where.path!r}) contains {glob.group()!r}: "
+                         "Spark's readers take {}[]*? as a file pattern and would not find "
+                         "the model there again; choose a path without these characters.")
+    if where.local:
+        _check_local_target(where, url, param)
+    else:
+        check_bucket(where, url, param)
     return where
 
 
+_GLOB = re.compile(r"[{}\[\]*?]")
+
+
+def _check_local_target(where: Location, url: str, param: str) -> None:
+    """ParamError when a local target lies under a file, or its directory is not writable."""
+    existing = where.path
+    while not os.path.lexists(existing) and existing != os.path.dirname(existing):
+        existing = os.path.dirname(existing)
+    if existing != where.path and not os.path.isdir(existing):
+        raise ParamError(f"{param}={url!r} lies under {existing!r}, which is not a directory "
+                         "(a file); choose a path in a directory.")
+    directory = existing if os.path.isdir(existing) else os.path.dirname(existing)
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise ParamError(f"{param}={url!r}: {directory!r} is not writable (a read-only "
+                         "filesystem, or no permission); choose a directory this process "
+                         "can write.")
+
+
+def check_bucket(where: Location, url: str, param: str = "path") -> None:
+    """ParamError when the bucket (container) of an object-store path does not exist:
+    sparkdist never creates one, so a mistyped name never becomes a new bucket. StoreError
+    when the store cannot be asked (rejected credentials, an unreachable endpoint)."""
+    if not _object_store(where.fs):
+        return
+    bucket = where.path.strip("/").split("/", 1)[0]
+    try:
+        where.fs.info(bucket)
+    except FileNotFoundError:
+        raise ParamError(f"{param}={url!r}: the bucket (or container) {bucket!r} does not "
+                         "exist. sparkdist never creates one, so that a mistyped name does "
+                         "not become a new bucket: correct the name, or create the bucket "
+                         "first.") from None
+    except Exception as err:
+        if not is_store_error(err):
+            raise
+        raise failure(url, err, f"checking its bucket {bucket!r}") from err
+
+
+def is_store_error(err: BaseException) -> bool:
+    """Whether ``err`` is a store's own failure (an OSError, or an error of the cloud client
+    libraries, e.g. botocore's EndpointConnectionError), not one sparkdist raised."""
+    if isinstance(err, SparkdistError):
+        return False
+    root = type(err).__module__.partition(".")[0]
+    return isinstance(err, OSError) or root in {"botocore", "aiobotocore", "google", "azure"}
+
+
+def failure(url: str, err: BaseException, doing: str) -> StoreError:
+    """``err`` raised by the store while ``doing`` something with ``url``, as a StoreError
+    that names the path and what to check."""
+    detail = (str(err).strip().splitlines() or [""])[0][:300]
+    return StoreError(f"'{url}': {doing} failed ({type(err).__name__}: {detail}). Check the "
+                      "path and, on an object store, its credentials (e.g. "
+                      "AWS_ACCESS_KEY_ID) and endpoint (e.g. AWS_ENDPOINT_URL).")
+
+
 def exists(url: str) -> bool:
+    """Whether ``url`` exists; StoreError when the store cannot be asked."""
     where = locate(url)
-    return bool(where.fs.exists(where.path))
+    try:
+        return bool(where.fs.exists(where.path))
+    except Exception as err:
+        if not is_store_error(err):
+            raise
+        raise failure(url, err, "checking that it exists") from err
 
 
 def is_file(url: str) -> bool:
@@ -133,13 +241,18 @@ def is_file(url: str) -> bool:
 
 
 def listdir(url: str) -> list[str]:
-    """Names of the entries directly in ``url`` (empty when it does not exist)."""
+    """Names of the entries directly in ``url`` (empty when it does not exist, or lies under
+    a file); StoreError when the store cannot be asked (a symlink loop, credentials)."""
     where = locate(url)
     try:
         return sorted(os.path.basename(p.rstrip("/")) for p in where.fs.ls(where.path,
                                                                             detail=False))
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return []
+    except Exception as err:
+        if not is_store_error(err):
+            raise
+        raise failure(url, err, "listing it") from err
 
 
 def remove(url: str) -> None:
@@ -148,9 +261,177 @@ def remove(url: str) -> None:
         where.fs.rm(where.path, recursive=True)
 
 
-def read_bytes(url: str) -> bytes:
+def read_bytes(url: str, limit: int | None = None) -> bytes:
+    """The bytes of ``url``. ParamError when it is not a regular file (a FIFO would block the
+    read for ever, ``/dev/zero`` never ends; refused before reading) or, with ``limit``, when it
+    holds more than ``limit`` bytes (at most ``limit + 1`` are read). Pass ``limit`` (e.g.
+    :data:`CONTROL_LIMIT`) for small control files; artifacts (weights, checkpoints) pass none."""
     where = locate(url)
-    return bytes(where.fs.cat_file(where.path))
+    if where.local:
+        return _within(url, _read_local(where.path, url, limit)[0], limit)
+    if limit is None:  # an artifact: fsspec's own read (ranged GETs in parallel, retried)
+        return bytes(where.fs.cat_file(where.path))
+    return read_tagged(url, limit).data
+
+
+@dataclass(frozen=True)
+class Tagged:
+    """A file's bytes, the tag of that version (S3's ETag, elsewhere a SHA-256 of the bytes)
+    for :func:`replace_if`/:func:`remove_if`, and when it was written (seconds since the epoch,
+    by the store's clock; None where the store does not say)."""
+
+    data: bytes
+    tag: str
+    modified: float | None
+
+
+def read_tagged(url: str, limit: int | None = CONTROL_LIMIT) -> Tagged:
+    """:func:`read_bytes` with the version's tag and write time (FileNotFoundError when absent)."""
+    where = locate(url)
+    if where.local:
+        data, modified = _read_local(where.path, url, limit)
+        tagged = Tagged(data, hashlib.sha256(data).hexdigest(), modified)
+    elif "s3" in _protocols(where.fs):
+        tagged = _s3_get(where.fs, where.path, limit)
+    else:
+        with where.fs.open(where.path, "rb") as file:
+            data = file.read() if limit is None else file.read(limit + 1)
+        tagged = Tagged(data, hashlib.sha256(data).hexdigest(), _modified(where))
+    _within(url, tagged.data, limit)
+    return tagged
+
+
+def _modified(where: Location) -> float | None:
+    """When the store last wrote ``where`` (HDFS, GCS, Azure: fsspec's ``modified``), or None
+    where it does not say. A naive time is the store's UTC."""
+    try:
+        when = where.fs.modified(where.path)
+    except (NotImplementedError, OSError):
+        return None
+    return float((when if when.tzinfo else when.replace(tzinfo=timezone.utc)).timestamp())
+
+
+def _within(url: str, data: bytes, limit: int | None) -> bytes:
+    if limit is not None and len(data) > limit:
+        raise ParamError(f"'{url}' holds more than {limit} bytes, more than sparkdist ever "
+                         "writes there: it is not sparkdist's file. Remove or replace it.")
+    return data
+
+
+def _read_local(path: str, url: str, limit: int | None) -> tuple[bytes, float]:
+    """A regular file's bytes (at most ``limit + 1``) and mtime; anything else is refused
+    before it is read: by its stat before opening, and by the opened file's own stat (the name
+    may be swapped in between; O_NONBLOCK: opening a FIFO then returns at once)."""
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise _not_regular(url)
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
+    with open(os.open(path, flags | getattr(os, "O_BINARY", 0)), "rb") as file:
+        info = os.fstat(file.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise _not_regular(url)
+        return (file.read() if limit is None else file.read(limit + 1)), info.st_mtime
+
+
+def _not_regular(url: str) -> ParamError:
+    return ParamError(f"'{url}' is not a regular file (a FIFO, device, socket or directory, "
+                      "or a link to one): sparkdist reads only files it wrote there. Remove "
+                      "it, or replace it with the file it stands for.")
+
+
+def _s3_get(fs: Any, path: str, limit: int | None) -> Tagged:
+    """One GET: the bytes (at most ``limit + 1``), the ETag and LastModified of one version."""
+    from fsspec.asyn import sync
+
+    bucket, key, _ = fs.split_path(path)
+
+    async def get() -> Tagged:
+        response = await fs._call_s3("get_object", Bucket=bucket, Key=key)
+        try:
+            data = await response["Body"].read(None if limit is None else limit + 1)
+        finally:
+            response["Body"].close()
+        return Tagged(bytes(data), str(response["ETag"]), response["LastModified"].timestamp())
+
+    return sync(fs.loop, get)
+
+
+def replace_if(url: str, tag: str, data: bytes) -> bool:
+    """Replace ``url`` with ``data`` (whole) only if it still holds the version ``tag`` (from
+    :func:`read_tagged`); False when it changed or went. Of several callers with the same
+    ``tag`` exactly one succeeds: locally under a lock on the directory, on S3 by a PUT with
+    ``If-Match``. HDFS, GCS and Azure: checked, then written (two within the same instant can
+    both succeed)."""
+    where = locate(url)
+    if "s3" in _protocols(where.fs):
+        return _s3_conditional(lambda: where.fs.pipe_file(where.path, data, IfMatch=tag))
+    with _directory_lock(where):
+        if _current_tag(url) != tag:
+            return False
+        write_bytes(url, data)
+        return True
+
+
+def remove_if(url: str, tag: str) -> bool:
+    """Remove ``url`` only if it still holds the version ``tag``; False otherwise. Atomic as
+    :func:`replace_if` (S3: a DELETE with ``If-Match``)."""
+    where = locate(url)
+    if "s3" in _protocols(where.fs):
+        bucket, key, _ = where.fs.split_path(where.path)
+        return _s3_conditional(lambda: where.fs.call_s3("delete_object", Bucket=bucket,
+                                                        Key=key, IfMatch=tag))
+    with _directory_lock(where):
+        if _current_tag(url) != tag:
+            return False
+        remove(url)
+        return True
+
+
+def _current_tag(url: str) -> str | None:
+    try:
+        return read_tagged(url).tag
+    except FileNotFoundError:
+        return None
+
+
+def _s3_conditional(request: Any) -> bool:
+    """Run a conditional S3 request: False when S3 refused its condition (412), found the
+    object gone (404), or saw a concurrent conditional write (409: another caller won)."""
+    try:
+        request()
+    except FileNotFoundError:
+        return False
+    except OSError as err:
+        if _s3_code(err) in ("PreconditionFailed", "ConditionalRequestConflict"):
+            return False
+        raise
+    return True
+
+
+def _s3_code(err: OSError) -> str | None:
+    """The S3 error code behind an error s3fs translated (botocore's ClientError)."""
+    return getattr(err.__cause__, "response", {}).get("Error", {}).get("Code")
+
+
+@contextlib.contextmanager
+def _directory_lock(where: Location) -> Iterator[None]:
+    """Hold an exclusive flock on ``where``'s directory (local stores), so that compare-and-
+    swaps of files in it run one at a time across threads and processes; it is released when
+    the holder closes it or dies. Elsewhere (and where the mount refuses flock) nothing."""
+    directory = os.path.dirname(where.path)
+    if os.name == "nt" or not where.local or not os.path.isdir(directory):
+        yield  # (no directory: no file to compare either)
+        return
+    import fcntl
+
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as err:  # e.g. a FUSE mount without locks: checked, then written
+            _LOG.debug("no flock on %s (%s)", where.path, err)
+        yield
+    finally:
+        os.close(fd)
 
 
 def write_bytes(url: str, data: bytes) -> None:
@@ -191,8 +472,8 @@ def create_exclusive(url: str, data: bytes) -> None:
     if "s3" in _protocols(where.fs):
         try:
             where.fs.pipe_file(where.path, data, mode="create")  # PUT with If-None-Match: *
-        except (FileExistsError, OSError) as err:
-            if where.fs.exists(where.path):
+        except OSError as err:  # FileExistsError; 409: another conditional PUT in flight
+            if _s3_code(err) == "ConditionalRequestConflict" or where.fs.exists(where.path):
                 raise PathExistsError(f"'{url}' was created by another writer.") from err
             raise
         return
@@ -209,6 +490,10 @@ def _protocols(fs: Any) -> set[str]:
 
 def _renames_atomically(fs: Any) -> bool:
     return bool({"file", "hdfs", "arrow_hdfs"} & _protocols(fs))
+
+
+def _object_store(fs: Any) -> bool:
+    return bool({"s3", "s3a", "gcs", "gs", "abfs", "abfss", "az"} & _protocols(fs))
 
 
 def _scheme(url: str) -> str | None:
@@ -255,8 +540,7 @@ def jvm_output(spark: Any, url: str) -> Iterator[str]:
     staging = _staging_dir(spark, url)
     try:
         yield staging
-        where = locate(url)
-        where.fs.put(staging.rstrip("/") + "/", where.path, recursive=True)
+        _upload(staging, locate(url))
     finally:
         shutil.rmtree(os.path.dirname(staging), ignore_errors=True)
 
@@ -272,6 +556,17 @@ def jvm_input(spark: Any, url: str) -> str:
     where = locate(url)
     where.fs.get(where.path.rstrip("/") + "/", staging, recursive=True)
     return staging
+
+
+def _upload(local: str, where: Location) -> None:
+    """Copy the directory ``local`` to ``where``; on object stores file by file, because
+    fsspec's recursive put calls makedirs, which creates a missing bucket."""
+    if not _object_store(where.fs):
+        where.fs.put(local.rstrip("/") + "/", where.path, recursive=True)
+        return
+    files = [os.path.join(root, name) for root, _, names in os.walk(local) for name in names]
+    if files:
+        where.fs.put(files, [f"{where.path}/{os.path.relpath(f, local)}" for f in files])
 
 
 def _staging_dir(spark: Any, url: str) -> str:
@@ -308,7 +603,9 @@ class Checkpoints:
         self._pending: str | None = None  # the shard directory the next save() commits
 
     def check_writable(self, param: str = "checkpointDir") -> None:
-        """Write, read and delete a probe file, or raise ParamError."""
+        """Write, read and delete a probe file, or raise ParamError (StoreError when the
+        store cannot be asked); never in a bucket that does not exist."""
+        check_bucket(self.location, self.root, param)
         probe = f"{self.root}/.probe-{uuid.uuid4().hex[:8]}"
         try:
             write_bytes(probe, b"ok")

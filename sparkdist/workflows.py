@@ -22,8 +22,11 @@ From a file, as ``make demo`` does: ``run(load_config("jobs/configs/churn.yaml")
 
 from __future__ import annotations
 
+import os
+import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +37,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from sparkdist import datasets, store
 from sparkdist.columns import suggest
-from sparkdist.config import ConfigError, DataConfig, ModelConfig, WorkflowConfig
+from sparkdist.config import ConfigError, DataConfig, ModelConfig, WorkflowConfig, import_modules
 from sparkdist.evaluation import evaluate, final_stage, task_of
 from sparkdist.exceptions import ParamError
 from sparkdist.features import FeatureAssembler, FeatureAssemblerModel, split
@@ -80,10 +83,14 @@ class WorkflowResult:
 def run(config: WorkflowConfig, spark: SparkSession | None = None,
         progress: Progress = print) -> WorkflowResult:
     """Run ``config``: load, split, then fit, evaluate, save and track each model."""
-    # Fail fast: parameter names and values before Spark starts, their ranges (xgboost.spark's
-    # checks build a session when none is active: sparkdist's comes first) before any data.
+    # Fail fast: the user's modules (their classes may be named in params), parameter names
+    # and values, the output and tracking locations before Spark starts, the Params' ranges
+    # (xgboost.spark's checks build a session when none is active: sparkdist's comes first)
+    # before any data.
+    import_modules(config.imports)
     estimators = {str(m.name): build_estimator(m, config, check=False) for m in config.models}
     _check_outputs(config)
+    _check_tracking(config)
     spark = spark or get_spark(app_name=f"sparkdist-{config.name}")
     for m in config.models:
         _check_ranges(m, estimators[str(m.name)])
@@ -131,7 +138,7 @@ def build_estimator(model: ModelConfig, config: WorkflowConfig, check: bool = Tr
             estimator.set(estimator.getParam(key), value)
         except (TypeError, ValueError) as err:  # pyspark's type converter refused the value
             raise ConfigError(f"models[{model.name}].params.{key}: {value!r} is not a valid "
-                              f"value ({_reason(err)}).") from None
+                              f"value ({reason(err)}).") from None
     stages: list[Any] = [estimator]
     if config.features is not None:
         stages.insert(0, FeatureAssembler(**config.features.model_dump()))
@@ -178,15 +185,22 @@ def read_data(read: Callable[[], DataFrame], where: str,
     try:
         return read()
     except (PySparkException, Py4JJavaError) as err:
-        raise error(f"{where}: cannot read the data: {_reason(err)}") from None
+        raise error(f"{where}: cannot read the data: {reason(err)}") from None
 
 
-def _reason(err: BaseException) -> str:
-    """The first line of an error's message without the JVM's wrapping."""
+def reason(err: BaseException) -> str:
+    """An error's message in one line: without the JVM's wrapping and stack trace, the cause
+    after the last "failed due to:", the last line of a Python worker's traceback."""
     text = str(err).strip()
     if isinstance(err, Py4JJavaError):  # "An error occurred while calling o52.load.\n: ..."
         text = text.split("\n: ", 1)[-1]
-    return (text.splitlines() or [type(err).__name__])[0].strip()
+    text = text.split("\n\tat ", 1)[0].split("\n\n", 1)[0]  # the stack, pyspark's extras
+    if "Traceback (most recent call last):" in text:  # a Python worker: its exception line
+        lines = text.split("Traceback (most recent call last):")[-1].splitlines()
+        text = next((line for line in reversed(lines) if line[:1].strip()), text)
+    text = " ".join(text.split()).rsplit(" failed due to: ", 1)[-1]
+    text = re.sub(r"^(?:[a-z_]\w*\.){2,}[A-Z]\w*(?:Exception|Error): ", "", text)  # a JVM class
+    return text[:500] or type(err).__name__
 
 
 def _fit_one(name: str, params: dict[str, Any], estimator: Pipeline, config: WorkflowConfig,
@@ -262,14 +276,71 @@ def _feature_names(model: PipelineModel) -> list[str]:
 
 
 def _check_outputs(config: WorkflowConfig) -> None:
-    """Refuse existing model paths before any training, unless output.overwrite."""
-    if not config.output.modelDir or config.output.overwrite:
+    """Refuse model paths that cannot be written before any training: a modelDir that is a
+    file or lies under one, a model path that is a file, and existing models unless
+    output.overwrite."""
+    model_dir = config.output.modelDir
+    if not model_dir:
         return
+    blocking = _file_at_or_above(model_dir)
+    if blocking is not None:
+        raise ConfigError(f"output.modelDir: '{model_dir}' is or lies under the file "
+                          f"'{blocking}'; give a directory (it is created when absent).")
     for m in config.models:
-        if store.exists(_model_path(config, str(m.name))):
+        path = _model_path(config, str(m.name))
+        store.check_target(path, "output.modelDir")
+        if store.is_file(path):
+            raise ConfigError(f"output.modelDir: '{path}' is a file, where model {m.name} "
+                              "would be saved; remove it or choose another output.modelDir.")
+        if not config.output.overwrite and store.exists(path):
             raise store.PathExistsError(
-                f"'{_model_path(config, str(m.name))}' already exists; set output.overwrite: "
-                "true in the config, or choose another output.modelDir.")
+                f"'{path}' already exists; set output.overwrite: true in the config, or "
+                "choose another output.modelDir.")
+
+
+def _file_at_or_above(url: str) -> str | None:
+    """The file that ``url`` is or lies under (local paths: their nearest existing
+    ancestor), else None."""
+    where = store.locate(url, "output.modelDir")
+    if not where.local:
+        return url if store.is_file(url) else None
+    path = where.path
+    while not os.path.lexists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return path if os.path.lexists(path) and not os.path.isdir(path) else None
+
+
+def _check_tracking(config: WorkflowConfig) -> None:
+    """An unusable tracking URI is refused before any training (it used to fail after the
+    models were saved): MLflow is pointed at it and asked for the experiment."""
+    if not config.tracking.enabled:
+        return
+    from sparkdist import tracking
+
+    uri = tracking.tracking_uri(config.tracking.uri)
+    try:
+        mlflow = tracking._mlflow()
+        with _patient_once():
+            mlflow.set_tracking_uri(uri)
+            mlflow.get_experiment_by_name(config.tracking.experiment)
+    except Exception as err:  # MlflowException, ImportError, a database driver's error
+        raise ConfigError(f"tracking.uri: MLflow cannot use {uri!r} ({reason(err)}); fix "
+                          "tracking.uri (or $MLFLOW_TRACKING_URI), or turn tracking off "
+                          "(tracking.enabled: false, or sparkdist train --no-tracking).") from None
+
+
+@contextmanager
+def _patient_once() -> Iterator[None]:
+    """MLflow's HTTP client retries for minutes by default: for the check, one retry and a
+    10 s timeout, unless the user set them."""
+    defaults = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+    added = {k: v for k, v in defaults.items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
 
 
 def _model_path(config: WorkflowConfig, name: str) -> str:

@@ -21,12 +21,14 @@ fits and the GPU scheduling check; XGBoost's barrier stage is xgboost.spark's).
   its job group on classic Spark, its session tag, ``spark.interruptTag``, on Spark Connect;
   classic ``interruptTag`` only sees the tags of the calling thread, so a timer cannot use it).
 - Rank 0 may send progress records (small dicts) to the driver while the stage runs, over a
-  socket the driver listens on; ``on_report`` receives them in a driver thread. Any process
-  that reaches the driver host can connect to it, so each fit draws a random token
-  (``secrets``) that travels to the tasks inside the task closure; records without it, lines
-  over 64 KiB and connections beyond ``2 * num_workers + 4`` are dropped, counted and
-  logged once. Failure reports can therefore only come from the fit's own tasks. The
-  token is as secret as Spark's task traffic: encrypted only where Spark's RPC is.
+  socket the driver listens on (:mod:`sparkdist.launch.report`); ``on_report`` receives them
+  in a driver thread. Any process that reaches the driver host can connect to it, so each fit
+  draws a random token (``secrets``) that travels to the tasks inside the task closure; a
+  connection whose first line does not bring it within 10 s, lines over 64 KiB and
+  authenticated connections beyond ``2 * num_workers + 4`` are dropped, counted and logged
+  once. Failure reports can therefore only come from the fit's own tasks, and idle
+  connections take no slot of theirs. The token is as secret as Spark's task traffic:
+  encrypted only where Spark's RPC is.
 - Spark Connect: the stage is launched with DataFrame calls only (no SparkContext, no RDD).
   The executors can reach the client only when the Connect server and its executors run on
   the client's host (``local[...]`` masters): then progress and failure reports work as on
@@ -34,8 +36,10 @@ fits and the GPU scheduling check; XGBoost's barrier stage is xgboost.spark's).
   ``max_retries`` is enforced from the ranks' failure reports there (the status tracker is
   classic-only), so on a remote Connect server only Spark's own
   ``spark.stage.maxConsecutiveAttempts`` bounds the retries.
-- Results travel as bytes and are never unpickled on the driver; a failure becomes a
-  :class:`TrainingError` carrying the failed worker's message and output tail.
+- Results travel as bytes; on classic Spark the collect brings them inside a pickle stream
+  that Spark's JVM writes (pyspark unpickles that; a rank's bytes are only its values, never
+  pickle code). A failure becomes a :class:`TrainingError` carrying the failed worker's
+  message and output tail.
 """
 
 from __future__ import annotations
@@ -43,7 +47,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
-import hmac
 import json
 import logging
 import os
@@ -62,6 +65,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sparkdist.exceptions import ParamError, SchemaError, TrainingError
+from sparkdist.launch.report import FIRST_LINE_S, REPORT_LINE_LIMIT, report_server
 from sparkdist.session import is_connect
 
 if TYPE_CHECKING:
@@ -72,10 +76,6 @@ _LOG = logging.getLogger(__name__)
 _CHUNK = 64 << 20  # result bytes per output row, far below Arrow's 2 GiB cell limit
 _RESULT_SCHEMA = "part INT, payload BINARY"
 _LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
-#: The longest report line the driver reads (bytes); a longer one ends its connection.
-REPORT_LINE_LIMIT = 64 << 10
-#: A connection must send its first, token-bearing line within this many seconds.
-_FIRST_LINE_S = 10.0
 #: Errors a rank raises about the fit's input, raised on the driver with their own type.
 INPUT_ERRORS = (SchemaError, ParamError)
 #: Counted by tests and bench: the Spark barrier syncs a fit makes (the rendezvous only).
@@ -180,7 +180,7 @@ class WorkerContext:
         assert address is not None
         record = {"rendezvous": message, "key": str(self._task.stageId()), "rank": self.rank,
                   "world_size": self.world_size, "task": self._task.taskAttemptId()}
-        with socket.create_connection(address, timeout=_FIRST_LINE_S) as connection:
+        with socket.create_connection(address, timeout=FIRST_LINE_S) as connection:
             connection.sendall(self._signed(record))
             connection.settimeout(None)  # the caller bounds the wait
             with connection.makefile("rb") as lines:
@@ -302,8 +302,8 @@ def run_barrier(df: DataFrame, worker: Worker, args: dict[str, Any], num_workers
     spark = df.sparkSession
     fit = _Fit(max_retries, on_report, elastic)
     token = secrets.token_hex(16)  # reaches the tasks inside the task closure, via Spark
-    with _report_server(_driver_host(df), token, fit.dispatch,
-                        max_connections=2 * num_workers + 4) as address:
+    with report_server(_driver_host(df), token, fit.dispatch,
+                       max_connections=2 * num_workers + 4) as address:
         if address is None and is_connect(spark) and max_retries is not None:
             _LOG.warning("%s: the executors cannot reach this Spark Connect client, so "
                          "maxRetries=%s is not enforced; spark.stage.maxConsecutiveAttempts "
@@ -485,7 +485,9 @@ def _barrier_task(worker: Worker, args: dict[str, Any], settings: BarrierSetting
         result = worker(context, batches, args)
         if context.rank == 0 and result is not None:
             yield from _result_batches(result)
-    except Exception as err:
+    except (KeyboardInterrupt, SystemExit, GeneratorExit):
+        raise
+    except BaseException as err:  # not only Exception: DCP's CheckpointException is not one
         message = context.failure_message(err)
         context.report_failure(err)
         raise TrainingError(message) from err
@@ -668,171 +670,6 @@ def _cancel(spark: Any, tag: str) -> None:
             spark.sparkContext.cancelJobGroup(tag)
     except Exception as err:
         _LOG.warning("could not cancel the sparkdist jobs %s: %s", tag, err)
-
-
-class _Gate:
-    """Who may report: a line must carry this fit's token and fit :data:`REPORT_LINE_LIMIT`;
-    at most ``max_connections`` connections are read at once. Counts what it drops."""
-
-    def __init__(self, token: str, max_connections: int) -> None:
-        self._token = token.encode()
-        self.slots = threading.BoundedSemaphore(max_connections)
-        self.dropped: collections.Counter[str] = collections.Counter()
-        self._lock = threading.Lock()
-
-    def authentic(self, record: Any) -> bool:
-        token = record.pop("token", None) if isinstance(record, dict) else None
-        return isinstance(token, str) and hmac.compare_digest(token.encode(), self._token)
-
-    def drop(self, why: str) -> None:
-        with self._lock:
-            self.dropped[why] += 1
-
-
-@contextlib.contextmanager
-def _report_server(host: str | None, token: str, dispatch: Callable[[dict[str, Any]], None],
-                   max_connections: int) -> Iterator[tuple[str, int] | None]:
-    """Listen on ``host`` (the driver's), while the stage runs, for rank 0's progress records
-    and any rank's failure report; pass the authentic ones to ``dispatch``. Anyone who can
-    reach the port can connect, so records without ``token`` are dropped (and counted, and
-    logged once at the end), as are oversized lines and connections beyond the cap."""
-    if host is None:
-        yield None
-        return
-    gate = _Gate(token, max_connections)
-    server = socket.create_server((host, 0))
-    server.settimeout(0.5)
-    stop = threading.Event()
-    thread = threading.Thread(target=_serve_reports,
-                              args=(server, stop, gate, dispatch, _Gatherer()), daemon=True)
-    thread.start()
-    try:
-        yield host, server.getsockname()[1]
-    finally:
-        stop.set()
-        with contextlib.suppress(OSError):  # wakes the accept now, not at its next timeout
-            server.shutdown(socket.SHUT_RDWR)
-        thread.join(5)
-        server.close()
-        if gate.dropped:
-            _LOG.warning("the report socket dropped %d unauthenticated or oversized "
-                         "report(s)/connection(s) from %s: %s", sum(gate.dropped.values()),
-                         host, dict(gate.dropped))
-
-
-class _Gatherer:
-    """The driver's side of the rendezvous: keeps each rank's connection until every rank of
-    its stage attempt has sent its message, then answers them all with the messages by rank.
-
-    Ranks gather by stage id (pyspark's task context has no stage attempt number) and task
-    id: the task ids of one attempt lie within ``world_size`` of each other and a retry's are
-    all higher (as :class:`_Attempts` assumes), so a rank of a newer attempt evicts what an
-    older attempt's ranks left waiting, and an older attempt's late rank is turned away. A
-    connection that closes first leaves its group (its task died)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._waiting: dict[str, dict[int, tuple[int, str, socket.socket]]] = {}
-
-    def join(self, record: dict[str, Any], connection: socket.socket) -> bool:
-        """Add a rank's rendezvous record; False for a malformed or stale one."""
-        try:
-            key, rank, world = str(record["key"]), int(record["rank"]), int(record["world_size"])
-            task, message = int(record["task"]), str(record["rendezvous"])
-        except (KeyError, TypeError, ValueError):
-            return False
-        if not 0 <= rank < world:
-            return False
-        with self._lock:
-            group = self._waiting.setdefault(key, {})
-            if any(task <= other - world for other, _, _ in group.values()):
-                return False  # a rank of an earlier attempt, arriving late
-            stale = [r for r, (other, _, _) in group.items() if other <= task - world]
-            evicted = [group.pop(r)[2] for r in stale]
-            group[rank] = (task, message, connection)
-            done = len(group) == world
-            if done:
-                del self._waiting[key]
-        for old in evicted:  # their task is gone or about to be: do not leave them waiting
-            with contextlib.suppress(OSError):
-                old.shutdown(socket.SHUT_RDWR)
-        if done:
-            line = (json.dumps([group[r][1] for r in range(world)]) + "\n").encode()
-            for _, _, waiting in group.values():
-                with contextlib.suppress(OSError):  # that rank is gone: its peers time out
-                    waiting.sendall(line)
-        return True
-
-    def leave(self, connection: socket.socket) -> None:
-        with self._lock:
-            for key, group in list(self._waiting.items()):
-                for rank in [r for r, (_, _, c) in group.items() if c is connection]:
-                    del group[rank]
-                if not group:
-                    del self._waiting[key]
-
-
-def _serve_reports(server: socket.socket, stop: threading.Event, gate: _Gate,
-                   dispatch: Callable[[dict[str, Any]], None], gatherer: _Gatherer) -> None:
-    """Accept connections; each is read to its end in its own thread (ranks report at once),
-    at most ``gate.slots`` at a time."""
-    while not stop.is_set():
-        try:
-            connection, _ = server.accept()
-        except (TimeoutError, OSError):
-            continue
-        if not gate.slots.acquire(blocking=False):
-            gate.drop("connection over the cap")
-            connection.close()
-            continue
-        threading.Thread(target=_read_reports, args=(connection, gate, dispatch, gatherer),
-                         daemon=True).start()
-
-
-def _read_reports(connection: socket.socket, gate: _Gate,
-                  dispatch: Callable[[dict[str, Any]], None],
-                  gatherer: _Gatherer | None = None) -> None:
-    """Dispatch each authentic line (a rendezvous line joins ``gatherer``, which answers on
-    this connection); the first bad one (no token, too long, not JSON) or a first line that
-    does not come within ``_FIRST_LINE_S`` ends the connection."""
-    connection.settimeout(_FIRST_LINE_S)
-    try:
-        with connection, connection.makefile("rb") as lines:
-            try:
-                while line := lines.readline(REPORT_LINE_LIMIT + 1):
-                    record = _check_line(line, gate)
-                    if isinstance(record, str):  # why it is dropped
-                        gate.drop(record)
-                        return
-                    connection.settimeout(None)  # authenticated: rank 0 reports once an epoch
-                    if "rendezvous" in record and gatherer is not None:
-                        if not gatherer.join(record, connection):
-                            gate.drop("malformed rendezvous")
-                        continue
-                    try:
-                        dispatch(record)
-                    except Exception as err:  # a bad record must not stop training
-                        _LOG.warning("ignoring a progress record: %s", err)
-            finally:
-                if gatherer is not None:
-                    gatherer.leave(connection)
-    except OSError:
-        gate.drop("connection silent or reset")
-    finally:
-        gate.slots.release()
-
-
-def _check_line(line: bytes, gate: _Gate) -> dict[str, Any] | str:
-    """The record in ``line``, or why it is dropped."""
-    if len(line) > REPORT_LINE_LIMIT:
-        return f"line over {REPORT_LINE_LIMIT} bytes"
-    try:
-        record = json.loads(line)
-    except ValueError:
-        return "not JSON"
-    if not gate.authentic(record):
-        return "without this fit's token"
-    return record
 
 
 def _driver_host(df: DataFrame) -> str | None:

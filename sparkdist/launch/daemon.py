@@ -24,12 +24,17 @@ optional extra), and nothing a module prints at import reaches the daemon's stdo
 carries its port to the JVM.
 
 :func:`sparkdist.session.get_spark` sets the conf by default for local masters, where the
-executors run this very Python environment (:data:`CONF`).
+executors run this very Python environment or one that imports this module (:data:`CONF`),
+unless ``$SPARKDIST_PRELOAD`` is 0 (:func:`sparkdist.session.preload_conf`). The cost: every
+worker maps torch's libraries, about 200 MB more RSS than a plain pyspark worker (mostly pages
+shared with the daemon, but pyspark's spill threshold ``spark.python.worker.memory`` compares
+RSS).
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib
 import os
 import sys
@@ -85,9 +90,13 @@ def _stdout_to_stderr() -> Iterator[None]:
 
 
 def main() -> None:
-    """Preload, then run pyspark's own daemon loop (it reads the same ``sys.argv``)."""
+    """Preload, then run pyspark's own daemon loop (it reads the same ``sys.argv``). The
+    preloaded objects are frozen out of the garbage collector: a worker's collections then
+    neither walk them (torch and sympy make about ten times the objects of a plain worker) nor
+    write their headers, which would copy the daemon's shared pages into every worker."""
     if not os.environ.get("PYSPARK_EXECUTOR_MEMORY_MB"):
         os.environ[ENV_PRELOADED] = ",".join(preload())
+        gc.freeze()
     from pyspark import daemon
 
     daemon.manager()

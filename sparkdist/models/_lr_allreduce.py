@@ -17,6 +17,7 @@ multinomial by MLlib's ``family`` rule, Breeze's stopping rules for ``maxIter`` 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import logging
@@ -58,6 +59,7 @@ class Plan:
     """What the all-reduce fit needs from the driver."""
 
     num_workers: int
+    partitions: int  # the input's own: the stage keeps them when there are num_workers
     dim: int
     meta_classes: int  # the label's class count from its ML attributes, 0 when it has none
     budget: int  # bytes a rank may hold
@@ -105,7 +107,8 @@ def _plan(dataset: DataFrame, inner: Any, stats: Any) -> Plan | str:
     if dim >= rows and inner.getRegParam() == 0.0:
         raise ParamError(f"regParam=0 with {dim} features and {rows} rows: the fit has no "
                          f"unique optimum. Set regParam > 0 (e.g. 0.01) {fix}.")
-    workers = max(1, min(task_slots(spark), dataset.rdd.getNumPartitions()))
+    partitions = dataset.rdd.getNumPartitions()
+    workers = max(1, min(task_slots(spark), partitions))
     budget, source = memory_budget(spark)
     meta = label_classes(dataset, inner.getLabelCol())
     need = math.ceil(rows / workers) * (dim + max(meta, 2)) * 8 * COPIES
@@ -114,7 +117,8 @@ def _plan(dataset: DataFrame, inner: Any, stats: Any) -> Plan | str:
             f"solver='allreduce' would hold about {need / 2**20:.0f} MiB per rank ({rows} rows "
             f"x {dim} features over {workers} ranks, x{COPIES}), more than {source} = "
             f"{budget / 2**20:.0f} MiB; raise {source}, add executors, {fix}.")
-    return Plan(num_workers=workers, dim=dim, meta_classes=meta, budget=budget)
+    return Plan(num_workers=workers, partitions=partitions, dim=dim, meta_classes=meta,
+                budget=budget)
 
 
 def _num_features(dataset: DataFrame, features: str) -> int:
@@ -164,11 +168,42 @@ def parse_bytes(text: str) -> int:
 
 
 # ---------------------------------------------------------------------------- driver: the fit
-def fit(dataset: DataFrame, inner: Any, found: Plan, weight_name: str | None) -> Any:
+def fit(dataset: DataFrame, inner: Any, found: Plan, weight_name: str | None,
+        solver: str = "allreduce") -> Any:
     """Fit ``inner`` (an MLlib LogisticRegression with the caller's Params) by all-reduce;
-    return the pyspark ``LogisticRegressionModel`` MLlib's own fit would have returned."""
-    from sparkdist.launch.barrier import BarrierSettings, run_barrier
+    return the pyspark ``LogisticRegressionModel`` MLlib's own fit would have returned, with
+    its training summary (:func:`attach_summary`).
 
+    The plan assumes even partitions. Under ``solver='auto'`` a partition over the budget
+    (a skewed input the stage kept as it was) makes the fit repartition the rows evenly and
+    run again, and where the rows were spread evenly already, fit with MLlib."""
+    columns, args = _stage_input(inner, found, weight_name)
+    rows = dataset.select(*columns)
+    started = time.perf_counter()
+    try:
+        result = _solve(rows, args, found.num_workers)
+    except ParamError as err:
+        if solver != "auto" or not str(err).startswith(OVER_BUDGET):
+            raise
+        if found.partitions != found.num_workers:  # the stage spread them evenly already
+            _LOG.info("LogisticRegression(solver='auto') fits with MLlib: %s", err)
+            return inner.fit(dataset)
+        _LOG.info("LogisticRegression(solver='auto'): %s; the input's partitions are uneven, "
+                  "so its rows are repartitioned evenly over %d ranks.", err, found.num_workers)
+        return fit(dataset.repartition(found.num_workers), inner,
+                   dataclasses.replace(found, partitions=0), weight_name, solver)
+    _LOG.info("LogisticRegression(solver='allreduce'): %d ranks, %d iterations (%s), %.2f s",
+              found.num_workers, result["iterations"], result["reason"],
+              time.perf_counter() - started)
+    model = inner._copyValues(
+        inner._create_model(java_model(dataset.sparkSession, inner.uid, result)))
+    attach_summary(model, dataset, result["objectiveHistory"])
+    return model
+
+
+def _stage_input(inner: Any, found: Plan, weight_name: str | None) -> tuple[list[Any],
+                                                                            dict[str, Any]]:
+    """The stage's columns and the workers' arguments."""
     weight = inner.getWeightCol() if inner.isDefined("weightCol") else ""
     # as arrays: Spark converts them to Arrow about twice as fast as vector structs (sparse
     # vectors arrive densified)
@@ -184,16 +219,27 @@ def fit(dataset: DataFrame, inner: Any, found: Plan, weight_name: str | None) ->
             "tol": inner.getTol(), "weighted": bool(weight),
             "names": {"featuresCol": inner.getFeaturesCol(), "labelCol": inner.getLabelCol(),
                       "weightCol": weight_name or weight}}
-    started = time.perf_counter()
-    payload = run_barrier(dataset.select(*columns), worker, args, found.num_workers,
+    return columns, args
+
+
+def _solve(rows: DataFrame, args: dict[str, Any], num_workers: int) -> dict[str, Any]:
+    from sparkdist.launch.barrier import BarrierSettings, run_barrier
+
+    payload = run_barrier(rows, worker, args, num_workers,
                           settings=BarrierSettings(rendezvous_timeout_s=300.0),
                           description="sparkdist LogisticRegression (allreduce)")
-    result = json.loads(payload)
-    _LOG.info("LogisticRegression(solver='allreduce'): %d ranks, %d iterations (%s), %.2f s",
-              found.num_workers, result["iterations"], result["reason"],
-              time.perf_counter() - started)
-    model = inner._create_model(java_model(dataset.sparkSession, inner.uid, result))
-    return inner._copyValues(model)
+    result: dict[str, Any] = json.loads(payload)
+    return result
+
+
+def attach_summary(model: Any, dataset: DataFrame, history: list[float]) -> None:
+    """MLlib's own training summary on ``model``, built by MLlib's ``createSummary`` as its
+    fit builds it: ``objectiveHistory`` (the solver's, the starting point first, MLlib's
+    objective), ``totalIterations``, and the metrics on the training rows, computed lazily on
+    first use as MLlib's are."""
+    model._transfer_params_to_java()  # the summary reads the label/features/weight columns
+    model._java_obj.createSummary(
+        dataset._jdf, _java_doubles(dataset.sparkSession, np.asarray(history, dtype=float)))
 
 
 def java_model(spark: Any, uid: str, result: dict[str, Any]) -> Any:
@@ -262,6 +308,10 @@ class Partition:
         return int(self.y.size)
 
 
+#: How a rank's over-budget partition error starts (:func:`fit` recognises it by this).
+OVER_BUDGET = "a partition holds over"
+
+
 def read_partition(batches: Iterator[pa.RecordBatch], args: dict[str, Any]) -> Partition:
     """The partition's (features as arrays, label[, weight]) batches as one dense matrix.
     Stops early when the partition outgrows the memory budget."""
@@ -271,7 +321,7 @@ def read_partition(batches: Iterator[pa.RecordBatch], args: dict[str, Any]) -> P
         held += batch.nbytes
         if held * COPIES > args["budget"]:
             raise ParamError(
-                f"a partition holds over {held / 2**20:.0f} MiB of Arrow data, more than the "
+                f"{OVER_BUDGET} {held / 2**20:.0f} MiB of Arrow data, more than the "
                 f"memory budget of a rank allows ({args['budget'] / 2**20:.0f} MiB / {COPIES}); "
                 "repartition the input into more partitions or set solver='mllib'.")
     rows = sum(batch.num_rows for batch in kept)

@@ -23,7 +23,7 @@ from pyspark.sql import DataFrame, SparkSession
 from sparkdist import store
 from sparkdist.columns import suggest
 from sparkdist.exceptions import ModelLoadError, ParamError
-from sparkdist.persist import ParamsPersistence, PersistentModel
+from sparkdist.persist import ParamsPersistence, PersistentModel, error_line
 
 MLLIB_DIR = "mllib"  # where the wrapped MLlib model lives inside a saved sparkdist model
 
@@ -223,6 +223,5 @@ def load_mllib(model_class: Any, path: str) -> Any:
     try:
         return model_class.load(store.jvm_input(SparkSession.active(), source))
     except (Py4JJavaError, PySparkException) as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ModelLoadError(f"'{source}' is not a readable MLlib {model_class.__name__} "
-                             f"({first}). Save the model again.") from err
+                             f"({error_line(err)}). Save the model again.") from err

@@ -20,19 +20,24 @@ from sparkdist.columns import (
     require_columns,
     require_numeric,
 )
-from sparkdist.exceptions import ParamError, SchemaError
+from sparkdist.exceptions import ModelLoadError, ParamError, SchemaError
 from sparkdist.models._recovery import content_hash
 from sparkdist.torchtrain import compression, datacheck, loop, strategies
 from sparkdist.torchtrain.strategies import STRATEGIES
 
 if TYPE_CHECKING:
-    from sparkdist.models.torch import TorchEstimator
+    from sparkdist.models.torch import TorchEstimator, TorchModel
 
 USE_GPU = ("auto", True, False)
 PIPELINE_SCHEDULES = ("gpipe", "1f1b")
 COMPRESSIONS = ("none", "fp16", "bf16", "powersgd")
 QUANTIZATIONS = ("none", "int8")
 NAN_POLICIES = ("error", "drop")
+#: The longest timeout a Param may ask for: one year. Far below what the waits they reach
+#: accept (threading.TIMEOUT_MAX, about 292 years; a deadline of now + timeout in int64
+#: nanoseconds in torch.distributed), so every value allowed works; inf is refused.
+MAX_TIMEOUT_S = 365 * 86400.0
+TIMEOUT_PARAMS = ("timeoutSeconds", "rendezvousTimeoutSeconds", "slotWaitSeconds")
 _INDEX_STRINGS = "index string labels with FeatureAssembler(labelCol=...) or cast to double."
 
 
@@ -46,10 +51,13 @@ def check_params(est: TorchEstimator) -> None:
                       ("powerSgdRank", 1), ("minWorkers", 0)):
         if get(name) < low:
             raise ParamError(f"{name}={get(name)}: use {low} or more.")
-    for name in ("learningRate", "timeoutSeconds", "rendezvousTimeoutSeconds",
-                 "slotWaitSeconds"):
-        if not get(name) > 0:
-            raise ParamError(f"{name}={get(name)}: use a positive number.")
+    if not 0 < get("learningRate") < math.inf:
+        raise ParamError(f"learningRate={get('learningRate')}: use a positive number.")
+    for name in TIMEOUT_PARAMS:
+        if not 0 < get(name) <= MAX_TIMEOUT_S:  # inf and NaN too
+            raise ParamError(f"{name}={get(name)}: use a number of seconds above 0 and at "
+                             f"most {MAX_TIMEOUT_S:.0f} (one year, the longest wait allowed; "
+                             "inf is not accepted).")
     if get("weightDecay") < 0 or not 0 <= get("validationFraction") < 1:
         raise ParamError("weightDecay must be >= 0 and validationFraction in [0, 1); got "
                          f"{get('weightDecay')} and {get('validationFraction')}.")
@@ -172,6 +180,138 @@ def check_model(spec: dict[str, Any]) -> None:
                          f"needs {spec['output_dim']} output(s) per row; set the model's "
                          f"output size (modelKwargs) to {spec['output_dim']}.")
     strategies.check(spec, module)
+
+
+def check_weights(model: TorchModel, network: type, where: str) -> None:
+    """A loaded model's weights against ``network`` (the class its ``model`` names) built with
+    its saved ``modelKwargs``: ModelLoadError naming ``where`` and the first differences
+    unless every tensor name and shape matches. The network is never allocated from the
+    (untrusted) saved kwargs: see :func:`network_shapes`."""
+    weights = model._weights
+    spec = {"module": network, "module_name": model.getOrDefault("model"),
+            "module_kwargs": model.getOrDefault("modelKwargs") or {},
+            "input_dim": model._info["input_dim"], "output_dim": model._info["output_dim"]}
+    # generous for any network these weights fit; far below what an edited kwarg can ask
+    budget = (4 * sum(t.numel() * t.element_size() for t in weights.values()) + 2**28,
+              64 * len(weights) + 10_000)
+    try:
+        shapes = network_shapes(spec, *budget)
+    except Exception as err:
+        raise ModelLoadError(f"'{where}': model={spec['module_name']!r} with modelKwargs="
+                             f"{spec['module_kwargs']} cannot be built ({type(err).__name__}: "
+                             f"{err}); the metadata was edited or does not belong to these "
+                             "weights. Save the model again.") from err
+    saved = {name: tuple(tensor.shape) for name, tensor in weights.items()}
+    if shapes == saved:
+        return
+    differences = ([f"{name!r} missing" for name in shapes if name not in saved]
+                   + [f"{name!r} unexpected" for name in saved if name not in shapes]
+                   + [f"{name!r} is {saved[name]}, not {shape}" for name, shape
+                      in shapes.items() if name in saved and saved[name] != shape])
+    counts = [sum(math.prod(shape) for shape in d.values()) for d in (shapes, saved)]
+    raise ModelLoadError(f"'{where}': its weights do not fit model={spec['module_name']!r} "
+                         f"with modelKwargs={spec['module_kwargs']}: the network has "
+                         f"{counts[0]} values in {len(shapes)} tensors, the weights {counts[1]} "
+                         f"in {len(saved)} ({'; '.join(differences[:4])}"
+                         f"{f'; {len(differences) - 4} more' if len(differences) > 4 else ''}). "
+                         "The metadata or the weights were edited, or come from another model: "
+                         "save the model again.")
+
+
+def network_shapes(spec: dict[str, Any], max_bytes: int,
+                   max_ops: int) -> dict[str, tuple[int, ...]]:
+    """Names and shapes of the state dict of the network ``spec`` describes, without
+    allocating it: built on the ``meta`` device. A constructor that cannot run there (it
+    reads a value, e.g. ``.item()``) is built on the CPU instead, every allocation counted
+    before it happens and refused past ``max_bytes`` (:func:`_allocation_budget`, also
+    around the meta build, for tensors a constructor puts on the CPU explicitly, and capping
+    the tensor operations at ``max_ops``: a kwarg asking for millions of tiny layers)."""
+    import torch
+
+    def build() -> Any:
+        return loop.build_module(spec["module"], spec["module_kwargs"], spec["input_dim"],
+                                 spec["output_dim"])
+
+    budgeted = _allocation_budget(max_bytes, max_ops)
+    try:
+        with torch.device("meta"), budgeted:
+            module = build()
+    except MemoryError:
+        raise
+    except Exception:  # the meta device cannot run it: on the CPU, within the budget
+        with budgeted:
+            module = build()
+    return {name: tuple(tensor.shape) for name, tensor in module.state_dict().items()}
+
+
+def _allocation_budget(max_bytes: int, max_ops: int) -> Any:
+    """A torch dispatch mode that refuses (MemoryError), before it runs, an op whose new
+    non-meta outputs would take the bytes allocated under it past ``max_bytes``, or that is
+    past ``max_ops`` (an op counts once per tensor it returns). (Defined here, not at module
+    level: torch is imported only when needed.)"""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class AllocationBudget(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bytes_left, self.ops_left = max_bytes, max_ops
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
+                               kwargs: Any = None) -> Any:
+            kwargs = kwargs or {}
+            self.ops_left -= _output_count(func, args, kwargs)  # before it makes them
+            planned = _planned_bytes(func, args, kwargs) if self.ops_left >= 0 else 0
+            if planned > self.bytes_left or self.ops_left < 0:
+                raise MemoryError(f"building the network takes more memory or tensor "
+                                  f"operations than its weights can need (at most {max_bytes} "
+                                  f"bytes and {max_ops} operations)")
+            self.bytes_left -= planned
+            return func(*args, **kwargs)
+
+    return AllocationBudget()
+
+
+def _output_count(func: Any, args: Any, kwargs: dict[str, Any]) -> int:
+    """1, or for an op returning a list of tensors (unbind, split: iterating a tensor) at most
+    the longest dimension of its inputs: counted as operations, since each is a tensor object
+    (``[x.item() for x in torch.linspace(0, 1, depth)]`` makes ``depth`` of them)."""
+    import torch
+    from torch.utils._pytree import tree_flatten
+
+    if not any("List[Tensor]" in str(ret.type) for ret in func._schema.returns):
+        return 1
+    tensors = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, torch.Tensor)]
+    return max([1, *(size for t in tensors for size in t.shape)])
+
+
+def _planned_bytes(func: Any, args: Any, kwargs: dict[str, Any]) -> int:
+    """Bytes the op's outputs would take off the meta device; 0 when it writes nothing new
+    (a view, an in-place op), runs on meta, or cannot run on meta (its output then depends
+    on values, e.g. ``.item()``: bounded by its inputs, already counted)."""
+    import torch
+    from torch.utils._pytree import tree_flatten, tree_map
+
+    if any(ret.alias_info is not None for ret in func._schema.returns):
+        return 0
+    tensors = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, torch.Tensor)]
+    device = kwargs.get("device")
+    on_meta = (torch.device(device).type == "meta" if device is not None
+               else bool(tensors) and all(t.is_meta for t in tensors))
+    if on_meta:
+        return 0
+
+    def meta(x: Any) -> Any:
+        return x.to("meta") if isinstance(x, torch.Tensor) else x
+
+    meta_kwargs = tree_map(meta, kwargs)
+    if any(argument.name == "device" for argument in func._schema.arguments):
+        meta_kwargs["device"] = torch.device("meta")  # a factory: its default is the CPU
+    try:
+        out = func(*tree_map(meta, args), **meta_kwargs)
+    except Exception:
+        return 0
+    return sum(t.numel() * t.element_size() for t in tree_flatten(out)[0]
+               if isinstance(t, torch.Tensor))
 
 
 def scoring_features(schema: StructType, columns: list[str], dim: int) -> Any:

@@ -4,7 +4,7 @@ plus sparkdist's class weights and threshold tuning.
 Every MLlib Param keeps its name and default (the Params mixin is MLlib's own), so the stage
 drops into Pipelines, ParamGridBuilder grids and CrossValidator like
 ``pyspark.ml.classification.LogisticRegression``. Both solvers return MLlib's own
-``LogisticRegressionModel`` inside sparkdist's.
+``LogisticRegressionModel`` inside sparkdist's, with its training summary.
 """
 
 from __future__ import annotations
@@ -82,6 +82,12 @@ class LogisticRegressionModel(_TunedModel, MLlibModel, _LRParams):
                                 "one (binomial).")
     numClasses = delegated("numClasses", "Number of classes the model predicts.")
     numFeatures = delegated("numFeatures", "Length of the feature vectors the model expects.")
+    hasSummary = delegated("hasSummary", "Whether the model carries MLlib's training summary: "
+                           "a fitted one does, with either solver; a loaded one does not.")
+    summary = delegated("summary", "MLlib's training summary, with either solver: "
+                        "objectiveHistory (MLlib's objective, from the starting point), "
+                        "totalIterations, and metrics on the training rows (binomial: "
+                        "areaUnderROC, roc, ...), computed on first use.")
 
 
 class LogisticRegression(_TunedClassifier, MLlibEstimator, _LRParams):
@@ -99,7 +105,9 @@ class LogisticRegression(_TunedClassifier, MLlibEstimator, _LRParams):
         of the executors' Python workers (``rows x (features + classes) x 8 bytes x 3`` per
         task, against ``spark.executor.pyspark.memory``, else ``spark.executor.memory``), and
         MLlib otherwise (the reason is logged); a label with a single class always goes to
-        MLlib.
+        MLlib. That count assumes even partitions: under "auto", a partition found over the
+        budget makes the fit repartition the rows evenly and run again (MLlib where they
+        were even already); "allreduce" raises ParamError.
     classWeight : None or "balanced"
         "balanced" weights each row ``n / (k * n_class)`` (multiplied into ``weightCol`` when
         set) through a working column that neither the model nor your DataFrame sees.
@@ -173,7 +181,7 @@ class LogisticRegression(_TunedClassifier, MLlibEstimator, _LRParams):
         weight = _user_weight_col(self)
         if overrides.get("weightCol") == WEIGHT_COL:
             weight = f"classWeight x {weight}" if weight else "classWeight"
-        return _lr_allreduce.fit(dataset, inner, found, weight)
+        return _lr_allreduce.fit(dataset, inner, found, weight, self.getSolver())
 
     def _check_classes(self, stats: Any) -> None:
         self._label_stats = stats  # rows and label range, for the solver's plan

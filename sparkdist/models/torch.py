@@ -19,7 +19,9 @@ loss, an ``nn.Module`` loss class or a function given in code, and ships the res
 to the executors (a class cloudpickle sends by value, e.g. from ``__main__`` or a module
 registered with ``register_pickle_by_value``, needs no import there). Anything else
 is a ParamError at fit, transform and ``module()``; ``TorchModel.load`` (and so
-``persist.load_model``) refuses a ``model`` that does not resolve with a ModelLoadError. Names
+``persist.load_model``) refuses with a ModelLoadError a ``model`` that does not resolve, or
+whose network, built from the saved ``modelKwargs`` on torch's meta device (no memory), does not
+have the saved weights' tensor names and shapes. Names
 are looked up only in modules this process has already imported (or sparkdist's own): a module
 named only in a Param is never imported.
 
@@ -220,12 +222,14 @@ class TorchEstimator(Estimator, _TorchParams, HasSeed, HasRecovery, ParamsPersis
     nanPolicy: Param[str] = Param(Params._dummy(), "nanPolicy",
                                   "rows with NaN/inf/null features or label: 'error' or 'drop'",
                                   typeConverter=TypeConverters.toString)
-    timeoutSeconds: Param[float] = Param(Params._dummy(), "timeoutSeconds",
-                                         "cancel the fit after this long, > 0",
-                                         typeConverter=TypeConverters.toFloat)
+    timeoutSeconds: Param[float] = Param(
+        Params._dummy(), "timeoutSeconds",
+        "cancel the fit after this many seconds: > 0 and at most 31536000 (one year; inf is "
+        "refused)", typeConverter=TypeConverters.toFloat)
     rendezvousTimeoutSeconds: Param[float] = Param(
         Params._dummy(), "rendezvousTimeoutSeconds",
-        "longest wait for all workers to start, and for any one collective",
+        "longest wait in seconds for all workers to start, and for any one "
+        "collective: > 0 and at most 31536000 (one year; inf is refused)",
         typeConverter=TypeConverters.toFloat)
     progress: Param[bool] = Param(Params._dummy(), "progress",
                                   "show a progress bar on the driver",
@@ -292,7 +296,8 @@ class TorchEstimator(Estimator, _TorchParams, HasSeed, HasRecovery, ParamsPersis
         "for good; 0: numWorkers (never fewer)", typeConverter=TypeConverters.toInt)
     slotWaitSeconds: Param[float] = Param(
         Params._dummy(), "slotWaitSeconds",
-        "elastic: longest wait for minWorkers free task slots before a retry fails, > 0",
+        "elastic: longest wait in seconds for minWorkers free task slots before a retry "
+        "fails: > 0 and at most 31536000 (one year; inf is refused)",
         typeConverter=TypeConverters.toFloat)
     allowUnencrypted: Param[bool] = Param(
         Params._dummy(), "allowUnencrypted",
@@ -501,12 +506,13 @@ class TorchModel(Model, _TorchParams, PersistentModel):
 
     def _quantization(self) -> str:
         """The ``quantization`` Param, checked (it may come from copy(), set() or a saved
-        model, none of which check it); with 'int8', also that the network has Linear layers
-        and torchao is installed, so that a task never fails on either."""
+        model, none of which check it); with 'int8', also that torchao is installed and
+        quantizes a copy of the network that then scores two rows, so that no task fails."""
         value = self.getOrDefault("quantization")
         check_one_of("quantization", value, checks.QUANTIZATIONS)
         if value == "int8":
-            inference.check_int8(self._network(), self.getOrDefault("model"))
+            inference.try_int8(self._network(), self.getOrDefault("model"), self.inputDim,
+                               int(self._info["output_dim"]))
         return str(value)
 
     def _transform(self, dataset: DataFrame) -> DataFrame:
@@ -544,16 +550,19 @@ class TorchModel(Model, _TorchParams, PersistentModel):
     @classmethod
     def read(cls) -> MLReader:
         """The strict reader, and then the loaded ``model`` must name an ``nn.Module``
-        subclass: a tampered directory fails here (ModelLoadError), before any use."""
+        subclass whose network, built from the saved ``modelKwargs`` on the meta device (no
+        memory), has the weights' tensor names and shapes: a tampered directory fails here
+        (ModelLoadError), before any use."""
         reader = super().read()
         load = reader.load
 
         def checked(path: str) -> TorchModel:
             model = load(path)
             try:
-                loop.resolve_model(model.getOrDefault("model"))
+                network = loop.resolve_model(model.getOrDefault("model"))
             except ParamError as err:
                 raise ModelLoadError(f"'{path}': {err}") from err
+            checks.check_weights(model, network, path)
             return model
 
         reader.load = checked  # type: ignore[method-assign]
@@ -590,6 +599,10 @@ class TorchModel(Model, _TorchParams, PersistentModel):
         except Exception as err:
             raise ModelLoadError(f"{path}: cannot read {WEIGHTS_FILE} as a torch state dict "
                                  f"({err}).") from err
+        if not (isinstance(weights, dict) and all(
+                isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in weights.items())):
+            raise ModelLoadError(f"{path}: {WEIGHTS_FILE} is not a state dict (names to "
+                                 "tensors); save the model again.")
         return cls._fitted(weights, state)
 
 

@@ -43,10 +43,8 @@ def budget_session(budget_mb: int, workers: int = 2, executor_heap_mb: int = 204
 
     The fitted weights travel from rank 0 through its executor's JVM to the driver's, so
     both heaps must hold a few copies of them: ``executor_heap_mb`` and
-    ``driver_heap_mb`` (applied only when this call starts the driver's JVM)."""
-    import os
-
-    from pyspark import SparkContext
+    ``driver_heap_mb`` (applied only when this call starts the driver's JVM: get_spark
+    warns otherwise)."""
     from pyspark.sql import SparkSession
 
     from sparkdist.session import get_spark
@@ -54,12 +52,8 @@ def budget_session(budget_mb: int, workers: int = 2, executor_heap_mb: int = 204
     active = SparkSession.getActiveSession()
     if active is not None:
         active.stop()
-    if SparkContext._gateway is None:  # the driver's JVM starts with this session
-        # a builder's spark.driver.memory comes too late for the JVM's heap; the launcher's
-        # arguments do not
-        os.environ.setdefault("PYSPARK_SUBMIT_ARGS",
-                              f"--driver-memory {driver_heap_mb}m pyspark-shell")
     settings = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": str(workers),
+                "spark.driver.memory": f"{driver_heap_mb}m",  # reaches a JVM get_spark starts
                 "spark.executor.memory": f"{executor_heap_mb}m",  # else 1g, whatever the worker has
                 **budget_conf(budget_mb), **(conf or {})}
     return get_spark(master=f"local-cluster[{workers},1,{executor_heap_mb}]",

@@ -117,6 +117,27 @@ def check_int8(module: Any, model_name: str) -> None:
         raise ParamError(TORCHAO_INSTALL)
 
 
+def try_int8(module: Any, model_name: str, input_dim: int, output_dim: int) -> None:
+    """On the driver, before any task: quantize ``module`` (a copy the caller throws away)
+    and score two rows of zeros with it, as each task will. torchao refuses some networks
+    that have Linear layers (one taking a single input feature: ``Linear(1, n)``); that, or
+    anything else failing, is a ParamError here instead of a failure in every task."""
+    import numpy as np
+
+    check_int8(module, model_name)
+    try:
+        score(quantize_int8(module.eval()), np.zeros((2, input_dim), np.float32), 2,
+              output_dim)
+    except Exception as err:
+        single = [name for name in quantizable_layers(module)
+                  if getattr(module.get_submodule(name), "in_features", None) == 1]
+        hint = (f" (its layer(s) {single} take a single input feature, which torchao's int8 "
+                "quantization does not handle)" if single else "")
+        raise ParamError(f"quantization='int8' cannot quantize model={model_name!r}{hint}: "
+                         f"{type(err).__name__}: {err}. Score it with quantization='none'."
+                         ) from err
+
+
 def quantize_int8(module: Any) -> Any:
     """``module`` (float32, eval mode) with its Linear layers dynamically quantized to int8,
     in place, on the CPU; returned. ParamError when it has no Linear layer."""

@@ -232,7 +232,9 @@ def fit_worker(context: WorkerContext, batches: Any,
         failpoints.hit(args["failpoint"], "torch.rendezvous", context.rank)
         backend.init(context, device)  # the rendezvous included
         return _Trainer(context, backend, device, args).run(train, validation, scan)
-    except Exception as err:
+    except (KeyboardInterrupt, SystemExit, GeneratorExit):
+        raise
+    except BaseException as err:  # not only Exception: DCP's CheckpointException is not one
         # Before the shutdown below: the peers fail once this rank's links close, and the
         # driver keeps the first failure it hears of an attempt as the root cause.
         context.report_failure(err)

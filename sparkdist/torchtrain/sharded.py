@@ -24,10 +24,12 @@ process group (fsdp, tensor), or plain tensors (the same on every rank).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import io
 import pickle
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from sparkdist import store
@@ -83,8 +85,10 @@ def save(where: str, model: torch.nn.Module, optimizer: Any) -> dict[str, Any] |
         store.remove(where)  # what a killed save left under this name
     dist.barrier()
     model_state, optimizer_state = get_state_dict(model, optimizer)
-    metadata = dcp.save({"model": model_state, "optimizer": optimizer_state},
-                        storage_writer=_writer(where))
+    with _dcp_errors(f"writing the sharded checkpoint {where}", "check that checkpointDir "
+                     "is writable by every executor and has room"):
+        metadata = dcp.save({"model": model_state, "optimizer": optimizer_state},
+                            storage_writer=_writer(where))
     names = sorted({info.relative_path for info in metadata.storage_data.values()}
                    | {METADATA})
     digests = _split_work(names, lambda name: _sha256(f"{where}/{name}"))
@@ -119,7 +123,9 @@ def load(saved: dict[str, Any], model: torch.nn.Module, optimizer: Any) -> None:
     # creates the optimizer's state, which DCP fills in place)
     model_state, optimizer_state = get_state_dict(model, optimizer)
     state: dict[str, Any] = {"model": model_state, "optimizer": optimizer_state}
-    dcp.load(state, storage_reader=_reader(where), planner=_safe_planner())
+    with _dcp_errors(f"reading the sharded checkpoint {where}", "resume from another runId, "
+                     "or resume='never' to start again"):
+        dcp.load(state, storage_reader=_reader(where), planner=_safe_planner())
     set_state_dict(model, optimizer, model_state_dict=state["model"],
                    optim_state_dict=state["optimizer"])
 
@@ -240,6 +246,29 @@ class _MetadataUnpickler(pickle.Unpickler):
 
 
 # ------------------------------------------------------------------------------- helpers
+@contextlib.contextmanager
+def _dcp_errors(doing: str, fix: str) -> Iterator[None]:
+    """Raise what DCP raises as a TrainingError carrying its cause. DCP's
+    ``CheckpointException`` is a BaseException, which no ``except Exception`` (the ranks'
+    failure reports) sees; interrupts stay what they are."""
+    try:
+        yield
+    except (KeyboardInterrupt, SystemExit, GeneratorExit):
+        raise
+    except BaseException as err:
+        raise TrainingError(f"{doing} failed: {_cause(err)}; {fix}.") from err
+
+
+def _cause(err: BaseException) -> str:
+    """Each failed rank's error of a ``CheckpointException`` (DCP gathers them all), else
+    the error itself."""
+    failures = getattr(err, "failures", None)  # {rank: (error, traceback summary)}
+    if isinstance(failures, dict) and failures:
+        return "; ".join(f"rank {rank}: {type(found[0]).__name__}: {found[0]}"
+                         for rank, found in sorted(failures.items()))
+    return f"{type(err).__name__}: {err}"
+
+
 def _split_work(names: list[str], work: Any) -> dict[str, Any]:
     """``{name: work(name)}`` for every name, each computed by one rank (name i by rank
     i mod world) and gathered on every rank. Collective."""

@@ -106,3 +106,24 @@ def test_bad_param_values_fail_before_the_data_is_read(capsys, tmp_path, spark, 
                                   str(tmp_path / "nope.parquet"))]) == 2
     assert match in one_line_error(capsys)
     assert time.monotonic() - started < 5
+
+
+def test_a_failed_predict_keeps_the_old_output_and_leaves_nothing(model_and_data, capsys,
+                                                                    tmp_path, spark):
+    """N15 (F7), N3: predictions are written to a hidden sibling and moved into place only
+    after the write succeeded; a failed write (nulls the model's assembler refuses) leaves
+    the previous output as it was, and nothing else."""
+    model, data = model_and_data
+    holes = str(tmp_path / "holes.parquet")
+    spark.createDataFrame([(None, 1.0), (2.0, 0.0)], "x double, y double").write.parquet(holes)
+    out = tmp_path / "out"
+    assert main(["predict", model, data, str(out)]) == 0
+    capsys.readouterr()
+    before = files(out)
+    assert main(["predict", model, holes, str(out), "--overwrite"]) == 2
+    assert "nothing was written: Encountered null" in one_line_error(capsys)
+    assert files(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["holes.parquet", "out"]
+    assert main(["predict", model, data, str(out), "--overwrite"]) == 0  # replaces it
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["holes.parquet", "out"]
+    assert spark.read.parquet(str(out)).count() == 40

@@ -107,7 +107,7 @@ def test_a_local_rendezvous_goes_through_the_driver_not_spark_allgather(spark):
 def test_the_driver_gatherer_answers_once_all_ranks_of_the_newest_attempt_arrived():
     import socket
 
-    from sparkdist.launch.barrier import _Gatherer
+    from sparkdist.launch.report import _Gatherer
 
     gatherer = _Gatherer()
     pairs = [socket.socketpair() for _ in range(4)]

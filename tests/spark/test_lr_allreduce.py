@@ -282,3 +282,63 @@ def test_lbfgs_on_rosenbrock_and_max_iter():
     result = minimize(rosenbrock, np.array([-1.2, 1.0]), max_iter=500, tol=1e-14)
     assert np.allclose(result.x, [1.0, 1.0], atol=1e-6)
     assert minimize(rosenbrock, np.array([-1.2, 1.0]), max_iter=3, tol=0).iterations == 3
+
+
+# -- round 3: N12 a skewed input under solver='auto'; the model's training summary ---------
+def skewed(spark):
+    """2,000 rows in two partitions, all in one (a low-cardinality repartition key), and the
+    budget that 1,000 rows a rank fit but 2,000 do not (Arrow: 44 bytes a row unweighted, 52
+    weighted; the plan counts 48)."""
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(2000, 4))
+    y = (x @ [1.0, -1.0, 0.5, 0.0] + rng.normal(size=2000) > 0).astype(float)
+    from pyspark.sql import functions as F
+
+    df = frame(spark, x, y, w=np.ones(2000)).withColumn("g", F.lit(0)).repartition(2, "g")
+    sizes = df.rdd.glom().map(len).collect()
+    assert sorted(sizes) == [0, 2000], sizes
+    return df
+
+
+@pytest.mark.slow
+def test_auto_repartitions_a_skewed_input_evenly(spark, monkeypatch, caplog):
+    df = skewed(spark)
+    monkeypatch.setattr(_lr_allreduce, "memory_budget", lambda spark: (150_000, "spark.x"))
+    caplog.set_level(logging.INFO, LOGGER)
+    with pytest.raises(ParamError, match="a partition holds over"):  # as chosen: the error
+        LogisticRegression(solver="allreduce", regParam=0.01, maxIter=20).fit(df)
+    model = LogisticRegression(regParam=0.01, maxIter=20).fit(df)
+    assert "repartitioned evenly over 2 ranks" in caplog.text
+    assert "solver='allreduce'): 2 ranks" in caplog.text
+    assert model.coefficients[0] > 0 > model.coefficients[1]
+
+
+@pytest.mark.slow
+def test_auto_falls_back_to_mllib_when_even_partitions_are_over_budget(spark, monkeypatch,
+                                                                       caplog):
+    df = skewed(spark)
+    monkeypatch.setattr(_lr_allreduce, "memory_budget", lambda spark: (150_000, "spark.x"))
+    caplog.set_level(logging.INFO, LOGGER)
+    model = LogisticRegression(regParam=0.01, maxIter=20, weightCol="w").fit(df)
+    assert "repartitioned evenly over 2 ranks" in caplog.text
+    assert "solver='auto') fits with MLlib: a partition holds over" in caplog.text
+    assert "solver='allreduce'): 2 ranks" not in caplog.text
+    assert model.coefficients[0] > 0 > model.coefficients[1]
+
+
+@pytest.mark.slow
+def test_allreduce_model_carries_mllib_training_summary(cancer, multiclass):
+    ours, theirs = fit_both(cancer[0], regParam=0.01, weightCol="w")
+    for model in (ours, theirs):
+        assert model.hasSummary and model.mllib_model.hasSummary
+    mine, mllib = ours.summary, theirs.summary
+    history = mine.objectiveHistory
+    assert mine.totalIterations == len(history) - 1 > 0
+    assert history == sorted(history, reverse=True)  # the objective only decreases
+    assert history[0] == pytest.approx(mllib.objectiveHistory[0], rel=1e-9)  # same start
+    assert history[-1] == pytest.approx(mllib.objectiveHistory[-1], abs=1e-7)  # same optimum
+    assert mine.areaUnderROC == pytest.approx(mllib.areaUnderROC, abs=1e-4)
+    assert mine.weightCol == mllib.weightCol == "w"
+    multinomial = LogisticRegression(solver="allreduce", regParam=0.01).fit(multiclass[0])
+    assert multinomial.summary.accuracy == pytest.approx(
+        multinomial.summary.predictions.where("prediction = label").count() / 2000)

@@ -26,7 +26,7 @@ from sparkdist.exceptions import ParamError
 from sparkdist.failpoints import arm
 from sparkdist.features import FeatureAssembler
 from sparkdist.models import LogisticRegression, LogisticRegressionModel, TorchEstimator, TorchModel
-from sparkdist.persist import RECORD, data_dir, load_model, save_model
+from sparkdist.persist import RECORD, REPLACED, data_dir, load_model, save_model
 from sparkdist.store import PathExistsError
 
 BUCKET = "sparkdist-tests"
@@ -129,7 +129,8 @@ def test_an_lr_pipeline_saves_loads_and_overwrites(s3, prefix, scheme, lr_pipeli
     assert isinstance(loaded, PipelineModel) and predictions(loaded, churn_small) == before
 
     save_model(model, path, overwrite=True)
-    assert committed(path) != first and versions(s3, key) == [committed(path)]
+    assert committed(path) != first and versions(s3, key) == [first, committed(path)]
+    assert s3.exists(f"{key}/{first}/{REPLACED}")  # kept for a grace period, then swept
     with pytest.raises(PathExistsError):
         save_model(model, path)
 
@@ -254,5 +255,6 @@ def test_a_save_killed_during_an_overwrite_leaves_the_old_model(s3, prefix, lr_s
     assert predictions(load_model(path), assembled) == before
 
     lr.write().overwrite().save(path)
-    assert committed(path) not in (old, *new) and old not in versions(s3, key)
+    assert committed(path) not in (old, *new) and old in versions(s3, key)
+    assert s3.exists(f"{key}/{old}/{REPLACED}")  # replaced: kept for a grace period
     assert predictions(load_model(path), assembled) == before

@@ -20,7 +20,7 @@ from sparkdist import cli
 from sparkdist.exceptions import ModelLoadError, ParamError
 from sparkdist.features import FeatureAssembler, FeatureAssemblerModel
 from sparkdist.models import LogisticRegression
-from sparkdist.persist import RECORD, data_dir, load_model, save_model
+from sparkdist.persist import RECORD, REPLACED, data_dir, load_model, save_model
 from sparkdist.store import PathExistsError
 
 
@@ -248,6 +248,8 @@ def test_overwrite_replaces_the_version_and_the_layout_before_versions(spark, pi
     first = Path(data_dir(str(path))).name
     assert sorted(p.name for p in path.iterdir()) == ["metadata", first]
     save_model(pipeline, str(path), overwrite=True, spark=spark)
-    assert sorted(p.name for p in path.iterdir()) == ["metadata", Path(data_dir(str(path))).name]
+    second = Path(data_dir(str(path))).name  # the replaced one stays for a grace period
+    assert sorted(p.name for p in path.iterdir()) == ["metadata", first, second]
+    assert (path / first / REPLACED).exists()
     assert os.listdir(path / "metadata") == ["part-00000"]
     assert _predictions(load_model(str(path), spark), frame) == _predictions(pipeline, frame)

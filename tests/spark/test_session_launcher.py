@@ -98,3 +98,64 @@ def test_console_progress_bar_is_off_unless_the_launcher_turns_it_on(tmp_path):
     assert _run([sys.executable, "-c", BAR], tmp_path)["bar"] == "false"
     asked = "--conf spark.ui.showConsoleProgress=true pyspark-shell"
     assert _run([sys.executable, "-c", BAR], tmp_path, PYSPARK_SUBMIT_ARGS=asked)["bar"] == "true"
+
+
+# -- launch-time conf and the executors' Python (round 3: N8, N9): one driver process ---------
+LAUNCH = """
+import json
+from pyspark.sql import functions as F
+from sparkdist.session import get_spark
+spark = get_spark(master="local[1]", conf={"spark.driver.memory": "1500m",
+                  "spark.driver.extraJavaOptions": "-Dsparkdist.flag=yes"})
+jvm = spark.sparkContext._jvm
+doubled = spark.range(3).select(F.udf(lambda x: x * 2, "long")("id")).collect()
+print("RESULT " + json.dumps({
+    "heap_mib": jvm.java.lang.Runtime.getRuntime().maxMemory() // 2**20,
+    "flag": jvm.java.lang.System.getProperty("sparkdist.flag"),
+    "class_path": jvm.java.lang.System.getProperty("java.class.path"),
+    "daemon": spark.conf.get("spark.python.daemon.module", None),
+    "doubled": sorted(row[0] for row in doubled)}))
+spark.stop()
+"""
+
+
+def _python_without_sparkdist(where: Path) -> str:
+    """A Python that imports pyspark but not sparkdist (as a conda or system Python would):
+    the base interpreter of this virtualenv, with its site-packages on PYTHONPATH (a plain
+    path: the editable install's .pth finder there does not run)."""
+    import sysconfig
+
+    base = getattr(sys, "_base_executable", sys.executable)
+    script = where / "python-without-sparkdist"
+    script.write_text(f'#!/bin/sh\nPYTHONPATH="{sysconfig.get_paths()["purelib"]}'
+                      f'${{PYTHONPATH:+:$PYTHONPATH}}" exec "{base}" "$@"\n')
+    script.chmod(0o755)
+    probe = subprocess.run([str(script), "-c", "import pyspark, sparkdist"], cwd=where,
+                           capture_output=True, text=True, timeout=120)
+    if "No module named 'sparkdist'" not in probe.stderr:
+        pytest.skip(f"no interpreter without sparkdist here: {probe.stderr[-300:]}")
+    return str(script)
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    where = tmp_path_factory.mktemp("launch")
+    (where / "extra").mkdir()
+    return _run([sys.executable, "-c", LAUNCH], where,
+                PYSPARK_PYTHON=_python_without_sparkdist(where),
+                SPARKDIST_CONF_spark__driver__extraClassPath=str(where / "extra"))
+
+
+@pytest.mark.slow
+def test_launch_time_conf_reaches_the_jvm_get_spark_starts(launched):
+    assert 1300 < launched["heap_mib"] <= 1500  # -Xmx1500m, not the default 1g
+    assert launched["flag"] == "yes"
+    # from $SPARKDIST_CONF_spark__driver__extraClassPath
+    assert any(entry.rstrip("/").endswith("/extra")
+               for entry in launched["class_path"].split(os.pathsep))
+
+
+@pytest.mark.slow
+def test_udfs_work_when_the_executors_python_lacks_sparkdist(launched):
+    assert launched["doubled"] == [0, 2, 4]
+    assert launched["daemon"] is None  # pyspark's own daemon: the probe failed
