@@ -60,6 +60,26 @@ def check_one_of(param: str, value: Any, allowed: Iterable[Any]) -> None:
         raise ParamError(one_of_message(param, value, choices))
 
 
+#: The longest timeout a Param may ask for: one year. Far below what the waits they reach
+#: accept (threading.TIMEOUT_MAX, about 292 years; a deadline of now + timeout in int64
+#: nanoseconds in torch.distributed), so every value allowed works; inf is refused.
+MAX_TIMEOUT_S = 365 * 86400.0
+
+
+def check_timeout(param: str, seconds: float) -> None:
+    """Raise ParamError unless ``seconds`` is above 0 and at most :data:`MAX_TIMEOUT_S`.
+
+    >>> check_timeout("slotWaitSeconds", float("inf"))
+    Traceback (most recent call last):
+    ...
+    sparkdist.exceptions.ParamError: slotWaitSeconds=inf: use a number of seconds above 0 ...
+    """
+    if not 0 < seconds <= MAX_TIMEOUT_S:  # inf and NaN too
+        raise ParamError(f"{param}={seconds}: use a number of seconds above 0 and at most "
+                         f"{MAX_TIMEOUT_S:.0f} (one year, the longest wait allowed; inf is "
+                         "not accepted).")
+
+
 def empty_data_error(owner: str) -> SchemaError:
     """The SchemaError for a fit (or split) given no rows; ``owner`` names the call, e.g.
     ``"ALS.fit"``.

@@ -379,10 +379,10 @@ def _committed_record(path: str) -> dict[str, Any] | None:
         return None
     name = "part-00000" if "part-00000" in names else names[0]
     try:
-        text = store.read_bytes(f"{path}/metadata/{name}").decode()
+        text = store.read_bytes(f"{path}/metadata/{name}", limit=store.CONTROL_LIMIT).decode()
         record = json.loads(text.splitlines()[0])
     except Exception as err:  # unreadable or not JSON: refuse, never guess
-        raise ModelLoadError(f"'{path}': its metadata is not JSON ({err}).") from err
+        raise ModelLoadError(f"'{path}': its metadata could not be read as JSON ({err}).") from err
     if not isinstance(record, dict) or "uid" not in record:
         raise ModelLoadError(f"'{path}': its metadata is not a Spark ML metadata object.")
     return record

@@ -15,6 +15,7 @@ from pyspark.sql.types import ArrayType, BooleanType, NumericType, StructType
 
 from sparkdist.columns import (
     check_one_of,
+    check_timeout,
     col,
     empty_data_error,
     require_columns,
@@ -33,10 +34,6 @@ PIPELINE_SCHEDULES = ("gpipe", "1f1b")
 COMPRESSIONS = ("none", "fp16", "bf16", "powersgd")
 QUANTIZATIONS = ("none", "int8")
 NAN_POLICIES = ("error", "drop")
-#: The longest timeout a Param may ask for: one year. Far below what the waits they reach
-#: accept (threading.TIMEOUT_MAX, about 292 years; a deadline of now + timeout in int64
-#: nanoseconds in torch.distributed), so every value allowed works; inf is refused.
-MAX_TIMEOUT_S = 365 * 86400.0
 TIMEOUT_PARAMS = ("timeoutSeconds", "rendezvousTimeoutSeconds", "slotWaitSeconds")
 _INDEX_STRINGS = "index string labels with FeatureAssembler(labelCol=...) or cast to double."
 
@@ -54,10 +51,7 @@ def check_params(est: TorchEstimator) -> None:
     if not 0 < get("learningRate") < math.inf:
         raise ParamError(f"learningRate={get('learningRate')}: use a positive number.")
     for name in TIMEOUT_PARAMS:
-        if not 0 < get(name) <= MAX_TIMEOUT_S:  # inf and NaN too
-            raise ParamError(f"{name}={get(name)}: use a number of seconds above 0 and at "
-                             f"most {MAX_TIMEOUT_S:.0f} (one year, the longest wait allowed; "
-                             "inf is not accepted).")
+        check_timeout(name, get(name))
     if get("weightDecay") < 0 or not 0 <= get("validationFraction") < 1:
         raise ParamError("weightDecay must be >= 0 and validationFraction in [0, 1); got "
                          f"{get('weightDecay')} and {get('validationFraction')}.")

@@ -72,7 +72,7 @@ from pyspark.sql.types import ArrayType, BooleanType, NumericType, StructType
 
 from sparkdist import failpoints, store
 from sparkdist._params import keywords, unknown_param
-from sparkdist.columns import check_one_of, col, require_columns, require_numeric
+from sparkdist.columns import check_one_of, check_timeout, col, require_columns, require_numeric
 from sparkdist.exceptions import (
     ModelLoadError,
     ParamError,
@@ -421,8 +421,7 @@ class _XGBoostEstimator(Estimator, HasRecovery, ParamsPersistence):
         if not 0 <= least <= workers:
             raise ParamError(f"minWorkers={least}: use 0 (num_workers) to num_workers="
                              f"{workers}.")
-        if not wait > 0:
-            raise ParamError(f"slotWaitSeconds={wait}: use a number of seconds above 0.")
+        check_timeout("slotWaitSeconds", wait)
         check_one_of("device", device, DEVICES)
         try:  # xgboost.spark's own cross-checks (tree_method, early stopping, GPU conf)
             self._xgboost_estimator()._validate_params()

@@ -221,8 +221,9 @@ def load_metadata(stream: BinaryIO) -> Any:
 
     try:
         metadata = _MetadataUnpickler(stream).load()
-    except pickle.UnpicklingError as err:
-        raise TrainingError(f"refused a sharded checkpoint's {METADATA}: {err}") from err
+    except Exception as err:  # refused, truncated, a missing attribute, huge bytes (MemoryError)
+        why = err if isinstance(err, pickle.UnpicklingError) else f"{type(err).__name__}: {err}"
+        raise TrainingError(f"refused a sharded checkpoint's {METADATA}: {why}") from err
     if not isinstance(metadata, Metadata):
         raise TrainingError(f"a sharded checkpoint's {METADATA} holds a "
                             f"{type(metadata).__name__}, not DCP metadata.")

@@ -458,6 +458,10 @@ TORCH += [  # round 3, N13: int8 a network torchao cannot quantize; N14: an infi
     Case(f"N14-{name}-inf", lambda c, p={name: float("inf")}: _torch_fit(c, **p), ParamError,
          rf"{name}=inf: use a number of seconds above 0 and at most 31536000 \(one year")
     for name in ("timeoutSeconds", "rendezvousTimeoutSeconds", "slotWaitSeconds")
+] + [
+    Case("N14-xgboost-slotWaitSeconds-inf", lambda c: _xgboost_fit(
+        c, slotWaitSeconds=float("inf")), ParamError,
+         r"slotWaitSeconds=inf: use a number of seconds above 0 and at most 31536000"),
 ]
 
 
