@@ -18,7 +18,7 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-# S3 for every test is the moto server that tests/spark/test_object_store.py starts on this
+# S3 for every test is the moto server that the ``moto_s3`` fixture below starts on this
 # port (never real AWS). Set here, at import, because Spark's Python workers (which write
 # checkpoints) get the environment the JVM had when the session fixture started it.
 os.environ.update(AWS_ENDPOINT_URL=f"http://127.0.0.1:{_free_port()}",
@@ -48,6 +48,27 @@ def cached():
     """The context manager ``cached(df)`` for module fixtures: ``with cached(df) as df:
     yield df`` caches and counts ``df`` and unpersists it when the module is done."""
     return _cached
+
+
+@pytest.fixture(scope="session")
+def moto_s3(spark):
+    """The moto S3 server on the port put in AWS_ENDPOINT_URL above, started once for the run;
+    yields an s3fs filesystem (no listing cache). Each module makes its own bucket."""
+    import logging
+    from urllib.parse import urlparse
+
+    moto_server = pytest.importorskip("moto.server")
+    s3fs = pytest.importorskip("s3fs")
+    endpoint = os.environ["AWS_ENDPOINT_URL"]
+    jvm_env = spark.sparkContext._jvm.java.lang.System.getenv("AWS_ENDPOINT_URL")
+    assert jvm_env == endpoint, "the Spark session started before conftest set the AWS variables"
+    url = urlparse(endpoint)
+    server = moto_server.ThreadedMotoServer(ip_address=url.hostname, port=url.port,
+                                            verbose=False)
+    server.start()
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # not a line per request
+    yield s3fs.S3FileSystem(skip_instance_cache=True, use_listings_cache=False)
+    server.stop()
 
 
 @pytest.fixture

@@ -8,14 +8,12 @@ the session starts (the executors' Python workers get the JVM's environment)."""
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import subprocess
 import sys
 import time
 import uuid
-from urllib.parse import urlparse
 
 import pytest
 from pyspark.ml import Pipeline, PipelineModel
@@ -35,23 +33,11 @@ TORCH = {"progress": False, "batchSize": 200, "learningRate": 0.01, "seed": 5,
 
 
 @pytest.fixture(scope="session")
-def s3(spark):
-    """A moto S3 server on the port conftest put in AWS_ENDPOINT_URL, with BUCKET; yields an
-    s3fs filesystem (no listing cache) to look into the bucket."""
-    moto_server = pytest.importorskip("moto.server")
-    s3fs = pytest.importorskip("s3fs")
-    endpoint = os.environ["AWS_ENDPOINT_URL"]
-    jvm_env = spark.sparkContext._jvm.java.lang.System.getenv("AWS_ENDPOINT_URL")
-    assert jvm_env == endpoint, "the Spark session started before conftest set the AWS variables"
-    url = urlparse(endpoint)
-    server = moto_server.ThreadedMotoServer(ip_address=url.hostname, port=url.port,
-                                            verbose=False)
-    server.start()
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # not a line per request
-    fs = s3fs.S3FileSystem(skip_instance_cache=True, use_listings_cache=False)
-    fs.mkdir(BUCKET)
-    yield fs
-    server.stop()
+def s3(moto_s3):
+    """The moto S3 server (tests/conftest.py) with BUCKET: an s3fs filesystem to look into it."""
+    if not moto_s3.exists(BUCKET):
+        moto_s3.mkdir(BUCKET)
+    return moto_s3
 
 
 @pytest.fixture

@@ -14,7 +14,6 @@ import urllib.request
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
-from urllib.parse import urlparse
 
 import pytest
 
@@ -147,24 +146,11 @@ def test_a_load_retries_once_when_an_overwrite_removed_its_version(spark, lr_mod
 
 # ------------------------------------------------------------------------------------ N11
 @pytest.fixture(scope="module")
-def s3(spark):
-    """S3 on the moto server at AWS_ENDPOINT_URL (tests/conftest.py): the one
-    test_object_store.py's session fixture started, or one of this module's own."""
-    moto_server = pytest.importorskip("moto.server")
-    s3fs = pytest.importorskip("s3fs")
-    url = urlparse(os.environ["AWS_ENDPOINT_URL"])
-    server = None
-    with socket.socket() as probe:
-        if probe.connect_ex((url.hostname, url.port)) != 0:
-            server = moto_server.ThreadedMotoServer(ip_address=url.hostname, port=url.port,
-                                                    verbose=False)
-            server.start()
-    fs = s3fs.S3FileSystem(skip_instance_cache=True, use_listings_cache=False)
-    if not fs.exists(BUCKET):
-        fs.mkdir(BUCKET)
-    yield fs
-    if server is not None:
-        server.stop()
+def s3(moto_s3):
+    """The moto S3 server (tests/conftest.py) with BUCKET: an s3fs filesystem."""
+    if not moto_s3.exists(BUCKET):
+        moto_s3.mkdir(BUCKET)
+    return moto_s3
 
 
 @contextmanager

@@ -9,13 +9,9 @@ when it runs first; otherwise this module starts one there for itself. No Spark 
 from __future__ import annotations
 
 import json
-import logging
-import os
-import socket
 import threading
 import uuid
-from collections.abc import Callable, Iterator
-from urllib.parse import urlparse
+from collections.abc import Callable
 
 import pytest
 
@@ -30,25 +26,11 @@ TAKERS = 8
 
 
 @pytest.fixture(scope="module")
-def s3() -> Iterator[object]:
-    """An s3fs filesystem on the moto server at AWS_ENDPOINT_URL (reused when running)."""
-    moto_server = pytest.importorskip("moto.server")
-    s3fs = pytest.importorskip("s3fs")
-    url = urlparse(os.environ["AWS_ENDPOINT_URL"])
-    server = None
-    with socket.socket() as probe:
-        running = probe.connect_ex((url.hostname, url.port)) == 0
-    if not running:
-        server = moto_server.ThreadedMotoServer(ip_address=url.hostname, port=url.port,
-                                                verbose=False)
-        server.start()
-        logging.getLogger("werkzeug").setLevel(logging.WARNING)
-    fs = s3fs.S3FileSystem(skip_instance_cache=True, use_listings_cache=False)
-    if not fs.exists(BUCKET):
-        fs.mkdir(BUCKET)
-    yield fs
-    if server is not None:
-        server.stop()
+def s3(moto_s3) -> object:
+    """The moto S3 server (tests/conftest.py) with BUCKET: an s3fs filesystem."""
+    if not moto_s3.exists(BUCKET):
+        moto_s3.mkdir(BUCKET)
+    return moto_s3
 
 
 @pytest.fixture
