@@ -97,10 +97,9 @@ def preflight(spark: SparkSession, num_workers: int, *, use_gpu: UseGpu = "auto"
               wait_s: float = REGISTRATION_WAIT_S, gpu_checks: bool = True) -> list[Finding]:
     """Check the cluster before a barrier stage; raise the first error, log the warnings.
 
-    Takes milliseconds on a healthy cluster (a handful of conf reads and one scheduler call:
-    a median of 5-16 ms on a local[2] session, the first call of a session 0.4-0.6 s, on a
-    loaded 2-core machine); it only waits, up to ``wait_s``, for executors the configuration
-    promises but that have not registered yet.
+    On a healthy cluster it is a handful of conf reads and one scheduler call, no job; it only
+    waits, up to ``wait_s``, for executors the configuration promises but that have not
+    registered yet.
 
     Parameters
     ----------
