@@ -198,8 +198,9 @@ def _expired(path: str, version: str, now_ms: float) -> bool:
     """Whether an uncommitted version may go: replaced over the grace period ago, or never
     committed and older than :data:`ORPHAN_AGE_S`."""
     try:
-        since, grace = float(store.read_bytes(f"{path}/{version}/{REPLACED}")), REPLACED_GRACE_S
-    except (FileNotFoundError, ValueError):  # unmarked: a killed (or running) save
+        mark = store.read_bytes(f"{path}/{version}/{REPLACED}", limit=64)
+        since, grace = float(mark), REPLACED_GRACE_S
+    except (FileNotFoundError, ValueError):  # unmarked (a killed or running save), or not ours
         since, grace = float(version.split("-")[1]), ORPHAN_AGE_S
     return now_ms - since > grace * 1000
 
