@@ -216,6 +216,8 @@ class RunGuard:
         """Stop renewing, and remove the lock if it is still this fit's (never raises: the
         fit's own outcome matters more; an unremoved lock expires)."""
         self._stop.set()
+        if self._beat is not None:  # a renewal under way would change the tag removed here
+            self._beat.join(10)
         try:
             found = self._own_lease()
             if found is not None:
