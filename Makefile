@@ -12,7 +12,7 @@ export GLOO_SOCKET_IFNAME ?= lo
 export PYSPARK_PYTHON     := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: setup horovod demo test test-unit test-fast bench lint data check-java clean
+.PHONY: setup horovod demo test test-unit test-fast bench docs lint data accessors check-java clean
 
 setup: $(STAMP)
 
@@ -62,12 +62,23 @@ test-fast: setup
 bench: setup
 	$(PY) bench/report.py
 
+# The generated pages, measuring nothing: docs/reference/*.md from the code, and
+# docs/performance.md with bench/results/latest.{json,md,png} from bench/results/*.json.
+docs: setup
+	$(PY) docs/gen.py
+	$(PY) bench/report.py --page
+
 lint: setup
 	$(PY) -m ruff check sparkdist tests jobs bench notebooks
 	$(PY) -m mypy sparkdist
 
 data: setup
 	$(PY) -m sparkdist.datasets data
+
+# The typed getX/setX of every public stage, written as source into _accessors_*.py next to
+# the stage modules: run after adding or changing a Param (tests/unit/test_accessors.py checks).
+accessors: setup
+	$(PY) -m sparkdist.models._accessors_gen
 
 clean:
 	rm -rf $(VENV) spark-warehouse metastore_db derby.log .pytest_cache

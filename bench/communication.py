@@ -41,6 +41,9 @@ from typing import Any
 
 from _common import machine, start_spark, write_result
 
+#: The code this benchmark measures: bench/report.py marks a figure STALE when any of it
+#: changed after the figure's commit.
+MEASURES = ("sparkdist/models/torch.py", "sparkdist/torchtrain", "sparkdist/launch")
 MODES: dict[str, dict[str, Any]] = {
     "fp32": {},
     "fp16": {"gradientCompression": "fp16"},

@@ -29,6 +29,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+#: The code this benchmark measures: bench/report.py marks a figure STALE when any of it
+#: changed after the figure's commit.
+MEASURES = ("sparkdist/launch/daemon.py", "sparkdist/session.py")
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -83,8 +86,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(one_side()), flush=True)
         return 0
     sys.path.insert(0, str(ROOT / "bench"))
-    from _common import write_result
+    from _common import monitor, write_result
 
+    monitor()  # the load during both sides, for the result's provenance
     load = os.getloadavg()[0]
     sides = {"preload": measure(True), "pyspark": measure(False)}
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,

@@ -43,6 +43,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+#: The code this benchmark measures: bench/report.py marks a figure STALE when any of it
+#: changed after the figure's commit.
+MEASURES = (
+    "sparkdist/models/torch.py",
+    "sparkdist/torchtrain",
+    "sparkdist/launch",
+    "sparkdist/store.py",
+    "sparkdist/session.py")
 RESULTS = Path(__file__).resolve().parent / "results" / "deep.json"
 SETTLE_S = 0.3  # for the JVM to copy the executors' last lines into the capture
 SPARK_CONF = {"spark.sql.shuffle.partitions": "2"}
@@ -797,8 +805,11 @@ def machine(spark: Any, load: list[float]) -> str:
 
 
 def save(figures: dict, partial: bool) -> None:
-    """Print the JSON line; a full run also replaces bench/results/deep.json (atomically)."""
-    line = json.dumps(figures)
+    """Print the JSON line (with its provenance); a full run also replaces
+    bench/results/deep.json (atomically)."""
+    from _common import provenance
+
+    line = json.dumps({**figures, "provenance": provenance()})
     print(line)
     if partial:
         return

@@ -47,6 +47,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+#: The code this benchmark measures: bench/report.py marks a figure STALE when any of it
+#: changed after the figure's commit.
+MEASURES = ("sparkdist/models/torch.py", "sparkdist/torchtrain", "sparkdist/launch/gpus.py")
 RESULTS = Path(__file__).resolve().parent / "results" / "gpu.json"
 DISCOVERY = """#!/usr/bin/env bash
 first="${CUDA_VISIBLE_DEVICES%%,*}"

@@ -12,7 +12,7 @@ measured in the same run (issue 16; docs: ../shared/design.md section 5).
   ddp's with the same seed (float tolerance expected).
 - budget: a model whose weights and Adam state exceed a per-worker memory cap enforced by the
   kernel (``spark.executor.pyspark.memory`` on local-cluster workers) fails under ddp and
-  trains under fsdp (:mod:`sparkdist.torchtrain.budget`; skipped with --quick).
+  trains under fsdp (bench/budget.py; skipped with --quick).
 
 A strategy that is refused records {"error": ...}; the others still run. Prints one JSON
 line; a full run (no --quick) also saves bench/results/parallel.json.
@@ -33,6 +33,9 @@ from typing import Any
 
 from _common import machine, start_spark, write_result
 
+#: The code this benchmark measures: bench/report.py marks a figure STALE when any of it
+#: changed after the figure's commit.
+MEASURES = ("sparkdist/models/torch.py", "sparkdist/torchtrain", "sparkdist/launch")
 STRATEGIES = ("ddp", "fsdp", "pipeline", "tensor")
 MODEL = {"features": 64, "hidden": [1024, 1024, 1024], "rows": 20_000, "epochs": 2,
          "batch_size": 256, "workers": 2}
@@ -108,10 +111,11 @@ def budget(quick: bool) -> dict[str, Any]:
     local-cluster session of its own, as tests/cluster/test_fsdp_budget.py runs it)."""
     if quick:
         return {"skipped": "--quick"}
-    from sparkdist.torchtrain.budget import model_state_mb
+    from budget import model_state_mb
 
-    code = ("import json\nfrom sparkdist.torchtrain.budget import budget_session, "
-            "compare_under_budget\n"
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = (f"import json, sys\nsys.path.insert(0, {here!r})\n"
+            "from budget import budget_session, compare_under_budget\n"
             f"spark = budget_session({BUDGET['budget_mb']})\n"
             f"print(json.dumps(compare_under_budget(spark, {BUDGET['hidden']})))\n"
             "spark.stop()\n")

@@ -1,35 +1,52 @@
-"""Run every benchmark in bench/ and write the report: ``bench/results/latest.json`` (all
-figures plus the comparison table), ``latest.md`` (the table, as the README shows it) and
-``latest.png`` (one chart: each ratio against its target).
+"""Run the benchmarks in bench/ and publish their figures: ``bench/results/<name>.json`` (each
+benchmark's last full run), ``latest.json`` (every figure plus the comparison table),
+``latest.md`` (the table), ``latest.png`` (the chart) and ``docs/performance.md`` (the page).
 
 Each benchmark runs as its own process (its own SparkSession) and prints one JSON line; a
 ratio is always measured against a reference run in the same process, on the same data, so
-the figures compare tools rather than machines.
+the figures compare tools rather than machines. Every published figure carries its commit,
+date and the machine's load during the run: a figure whose measured code (the benchmark's
+``MEASURES``) changed after its commit is marked STALE, and a run on a busy machine NOISY,
+which is listed but not published as a result.
 
     python bench/report.py                   # what `make bench` runs
     python bench/report.py --only classical  # rerun one; the others' figures are kept
+    python bench/report.py --page            # no run: rewrite the pages (`make docs`)
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
-import platform
+import re
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import Any
 
 BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
 RESULTS = BENCH / "results"
 LATEST = RESULTS / "latest.json"
-SCRIPTS = ("split_assembly", "classical", "deep", "parallel", "communication", "quantization")
+PAGE = REPO / "docs" / "performance.md"
+SCRIPTS = ("split_assembly", "classical", "deep", "parallel", "communication", "quantization",
+           "daemon_memory")
+#: A run is noise, not a result, where the 1-minute load average exceeded this before it
+#: started (or, for a result without per-process figures, at any sample) ...
+NOISY_LOAD = 1.5
+#: ... or where a process outside the benchmark used more than this share of one core.
+NOISY_OTHERS = 0.10
+#: Before each benchmark, wait up to this long for the load the last one left to decay.
+SETTLE_S = 180
 
 
 def run(name: str) -> dict[str, Any]:
     """The JSON line the benchmark printed last."""
+    settle()
     started = time.monotonic()
     done = subprocess.run([sys.executable, str(BENCH / f"{name}.py")], capture_output=True,
                           text=True, env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1",
@@ -42,41 +59,195 @@ def run(name: str) -> dict[str, Any]:
     return json.loads(lines[-1])
 
 
+def settle() -> None:
+    """Wait until the 1-minute load average is under 1 (the previous benchmark's own load
+    decays in about 40 s), at most SETTLE_S seconds; a machine that stays busy gives a run
+    that the report marks NOISY."""
+    deadline = time.monotonic() + SETTLE_S
+    while os.getloadavg()[0] >= 1.0 and time.monotonic() < deadline:
+        time.sleep(5)
+
+
+# -- provenance: where, when and how quietly each benchmark's figures were measured ----------
+
+def git(*args: str) -> tuple[int, str]:
+    """(exit status, stdout) of ``git args`` in this repository; 128 without git."""
+    try:
+        done = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True,
+                              timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return 128, ""
+    return done.returncode, done.stdout.strip()
+
+
+def measured_paths(name: str) -> tuple[str, ...]:
+    """The ``MEASURES`` a benchmark script declares, read without importing it."""
+    tree = ast.parse((BENCH / f"{name}.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "MEASURES" for t in node.targets):
+            paths = ast.literal_eval(node.value)
+            if isinstance(paths, tuple) and paths and all(isinstance(p, str) for p in paths):
+                return paths
+    raise SystemExit(f"bench/{name}.py: MEASURES must be a non-empty tuple of the code paths "
+                     "it measures, e.g. MEASURES = (\"sparkdist/features\",)")
+
+
+def summary(name: str) -> str:
+    """The first paragraph of a benchmark script's docstring: what it measures."""
+    doc = ast.get_docstring(ast.parse((BENCH / f"{name}.py").read_text())) or ""
+    return " ".join(doc.split("\n\n")[0].split())
+
+
+def provenance(name: str, figures: dict[str, Any], source: Path) -> dict[str, Any]:
+    """The result's recorded provenance; for results written before benchmarks recorded it,
+    what they did record (top-level commit, date, load) and otherwise the commit that added
+    the result file (the measured code is no newer than that)."""
+    found = dict(figures.get("provenance") or {})
+    for key in ("commit", "date"):
+        if key not in found and figures.get(key):
+            found[key] = figures[key]
+    if "load_1min" not in found:
+        loads = figures.get("load_1min") or _loads_in(str(figures.get("machine", "")))
+        if loads:
+            found["load_1min"] = {"start": loads[0], "max": max(loads), "end": loads[-1]}
+    if not found.get("commit"):
+        status, line = git("log", "-1", "--format=%H %cd", "--date=format:%Y-%m-%d %H:%M",
+                           "--", str(source.relative_to(REPO)))
+        if status == 0 and line:
+            commit, date = line.split(" ", 1)
+            found.update(commit=commit, committed_only=True)
+            found.setdefault("date", f"{date} (commit date)")
+    return found
+
+
+def _loads_in(machine: str) -> list[float]:
+    """The loads an older result wrote into its machine line: 'load avg (1 min) 1.45/6.05'."""
+    match = re.search(r"load avg \(1 min\) ([\d./]+)", machine)
+    return [float(x) for x in match.group(1).split("/") if x] if match else []
+
+
+def stale(found: dict[str, Any], paths: tuple[str, ...]) -> str | None:
+    """Why the figure no longer describes the code, or None: a measured path differs between
+    its commit and the checkout (the working tree, so that pages regenerated before a commit
+    stay right after it), or was uncommitted when it was measured."""
+    commit = found.get("commit")
+    if not commit:
+        return "no commit recorded"
+    status, _ = git("diff", "--quiet", commit, "--", *paths)
+    if status == 1:
+        return f"measured code changed since {commit[:7]}"
+    if status != 0:
+        return f"commit {commit[:7]} is not in this history"
+    dirty = [f for f in found.get("dirty", []) if any(
+        f == p or f.startswith(p.rstrip("/") + "/") for p in paths)]
+    return f"measured with uncommitted changes to {', '.join(dirty)}" if dirty else None
+
+
+def noisy(found: dict[str, Any]) -> str | None:
+    """Why the run is noise rather than a result, or None (see NOISY_LOAD, NOISY_OTHERS)."""
+    load, others = found.get("load_1min"), found.get("others_cpu")
+    if not load:
+        return "no load recorded"
+    if load["start"] > NOISY_LOAD:
+        return f"load {load['start']} > {NOISY_LOAD} at the start"
+    if others is None and load["max"] > NOISY_LOAD:
+        return f"load up to {load['max']} > {NOISY_LOAD}"
+    if others and others["share_of_a_core"] > NOISY_OTHERS:
+        return (f"{others['busiest']} used {others['share_of_a_core']:.0%} of a core "
+                f"(> {NOISY_OTHERS:.0%})")
+    return None
+
+
+def status(found: dict[str, Any], paths: tuple[str, ...]) -> dict[str, Any]:
+    """The provenance a row shows: commit, date, load, and its STALE / NOISY reasons."""
+    load, others = found.get("load_1min"), found.get("others_cpu")
+    shown = f"{load['start']}-{load['max']}" if load else "unrecorded"
+    if others:
+        shown += f", others {others['share_of_a_core']:.0%} of a core"
+    commit = (found.get("commit") or "")[:7] or "unrecorded"
+    if found.get("committed_only"):
+        commit = f"unrecorded (result added in {commit})"
+    return {"commit": commit,
+            "date": found.get("date", "unrecorded"), "load": shown,
+            "stale": stale(found, paths), "noisy": noisy(found)}
+
+
+def stored(names: tuple[str, ...] = SCRIPTS) -> dict[str, tuple[dict[str, Any], Path]]:
+    """Each benchmark's last stored result and the file it came from: results/<name>.json,
+    else the figures an older latest.json kept."""
+    found: dict[str, tuple[dict[str, Any], Path]] = {}
+    kept = json.loads(LATEST.read_text()).get("benchmarks", {}) if LATEST.exists() else {}
+    for name in names:
+        path = RESULTS / f"{name}.json"
+        if path.exists():
+            found[name] = (json.loads(path.read_text()), path)
+        elif name in kept:
+            found[name] = (kept[name], LATEST)
+    return found
+
+
+# -- the comparison table ------------------------------------------------------------------
+
+#: Which way is better, by unit, for a row whose target does not say.
+LOWER_IS_BETTER = {"s", "MiB", "bytes", "syncs"}
+
+
 def table(figures: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per comparison: what, sparkdist's figure, the reference's, ratio, target."""
+    """One row per comparison: its benchmark, what, sparkdist's figure, the reference's,
+    ratio, target, and which way is better."""
     rows: list[dict[str, Any]] = []
+    for name, rows_of in (("split_assembly", _split_rows), ("classical", _classical_rows),
+                          ("deep", _deep_rows), ("parallel", _parallel_rows),
+                          ("communication", _communication_rows),
+                          ("quantization", _quantization_rows),
+                          ("daemon_memory", _daemon_rows)):
+        if name not in figures:
+            continue
 
-    def row(what: str, ours: Any, reference: Any, ratio: float, target: str,
-            unit: str = "s") -> None:
-        rows.append({"comparison": what, "sparkdist": ours, "reference": reference,
-                     "unit": unit, "ratio": ratio, "target": target})
+        def row(what: str, ours: Any, reference: Any, ratio: float, target: str,
+                unit: str = "s", definition: str | None = None, bench: str = name) -> None:
+            better = ("lower" if target.startswith("<=") else "higher" if
+                      target.startswith(">=") else
+                      "lower" if unit in LOWER_IS_BETTER else "higher")
+            rows.append({"benchmark": bench, "comparison": what, "sparkdist": ours,
+                         "reference": reference, "unit": unit, "ratio": ratio,
+                         "target": target, "better": better, "definition": definition})
 
-    if "split_assembly" in figures:
-        f = figures["split_assembly"]
-        row(f"FeatureAssembler + split vs VectorAssembler + randomSplit ({f['rows']:,} rows)",
-            f["sparkdist_s"], f["reference_s"], f["time_ratio"], "-")
-    if "classical" in figures:
-        f = figures["classical"]
-        for key, what, target in (
-                ("logistic_regression", "LogisticRegression vs MLlib", "<= 1.05"),
-                ("random_forest", "RandomForestClassifier vs MLlib", "<= 1.05"),
-                ("xgboost", "XGBoostClassifier vs xgboost.spark", "<= 1.05"),
-                ("als", "ALS vs MLlib", "<= 1.10")):
-            row(f"{what}, fit time", f[key]["sparkdist_s"], f[key]["wrapped_s"],
-                f[key]["ratio"], target)
-        _allreduce_rows(f.get("logistic_regression_allreduce", {}), row)
-        single = f["xgboost_2_workers_vs_single_process"]
-        row("XGBoost on 2 Spark workers vs single-process xgboost, fit time",
-            single["distributed_s"], single["single_s"], single["time_ratio"], "-")
-    if "deep" in figures:
-        _deep_rows(figures["deep"], row)
-    if "parallel" in figures:
-        _parallel_rows(figures["parallel"], row)
-    if "communication" in figures:
-        _communication_rows(figures["communication"], row)
-    if "quantization" in figures:
-        _quantization_rows(figures["quantization"], row)
+        rows_of(figures[name], row)
     return rows
+
+
+def _split_rows(f: dict[str, Any], row: Any) -> None:
+    """bench/split_assembly.py: the shared data contract against MLlib's own."""
+    row(f"FeatureAssembler + split vs VectorAssembler + randomSplit ({f['rows']:,} rows)",
+        f["sparkdist_s"], f["reference_s"], f["time_ratio"], "-")
+
+
+def _classical_rows(f: dict[str, Any], row: Any) -> None:
+    """bench/classical.py: each classical estimator against the stage it wraps."""
+    for key, what, target in (
+            ("logistic_regression", "LogisticRegression vs MLlib", "<= 1.05"),
+            ("random_forest", "RandomForestClassifier vs MLlib", "<= 1.05"),
+            ("xgboost", "XGBoostClassifier vs xgboost.spark", "<= 1.05"),
+            ("als", "ALS vs MLlib", "<= 1.10")):
+        row(f"{what}, fit time", f[key]["sparkdist_s"], f[key]["wrapped_s"],
+            f[key]["ratio"], target)
+    _allreduce_rows(f.get("logistic_regression_allreduce", {}), row)
+    single = f["xgboost_2_workers_vs_single_process"]
+    row("XGBoost on 2 Spark workers vs single-process xgboost, fit time",
+        single["distributed_s"], single["single_s"], single["time_ratio"], "-")
+
+
+def _daemon_rows(f: dict[str, Any], row: Any) -> None:
+    """bench/daemon_memory.py: a worker of sparkdist's preloading daemon against pyspark's."""
+    for key, what in (("rss_mb", "RSS"), ("private_mb", "private memory")):
+        row(f"Python worker {what}, sparkdist's preloading daemon vs pyspark's (local[1])",
+            f["preload"][key], f["pyspark"][key],
+            round(f["preload"][key] / f["pyspark"][key], 3), "-", "MiB")
+    row("One full gc.collect() in a worker, sparkdist's preloading daemon vs pyspark's",
+        f["preload"]["gc_s"], f["pyspark"]["gc_s"],
+        round(f["preload"]["gc_s"] / f["pyspark"]["gc_s"], 3), "-")
 
 
 def _allreduce_rows(f: dict[str, Any], row: Any) -> None:
@@ -138,15 +309,15 @@ def _quantization_rows(f: dict[str, Any], row: Any) -> None:
     """bench/quantization.py: int8 scoring against float32."""
     size, accuracy = f["size"], f["accuracy"]
     row("TorchModel int8 vs float32, saved network size", size["int8_bytes"],
-        size["fp32_bytes"], size["int8_to_fp32"], "-", "bytes")
+        size["fp32_bytes"], size["int8_to_fp32"], "-", "bytes", size.get("definition"))
     row("TorchModel int8 vs float32, test accuracy (difference in points)",
         accuracy["int8"], accuracy["fp32"], accuracy["difference_pp"],
-        accuracy["target_pp"], "accuracy")
+        accuracy["target_pp"], "accuracy", accuracy.get("definition"))
     for kind in ("warm", "cold"):
         side = f[kind]
         row(f"TorchModel int8 vs float32 transform, rows/s, {kind} (speed-up)",
             side["int8_rows_per_s"], side["fp32_rows_per_s"], side["int8_speedup"], "-",
-            "rows/s")
+            "rows/s", side.get("definition"))
 
 
 def _deep_rows(f: dict[str, Any], row: Any) -> None:
@@ -158,11 +329,12 @@ def _deep_rows(f: dict[str, Any], row: Any) -> None:
     if feed := ok("feed"):
         row(f"TorchEstimator 1-epoch fit vs bare barrier mapInArrow (same vector_to_array, "
             f"float32 matrices), rows/s, {feed['rows']:,} rows", feed["fit_rows_per_s"],
-            feed["bare_rows_per_s"], feed["ratio"], feed["target"], "rows/s")
+            feed["bare_rows_per_s"], feed["ratio"], feed["target"], "rows/s",
+            feed.get("definition"))
     if memory := ok("memory"):
         row(f"TorchEstimator peak worker RSS, {memory['rows_4n']:,} vs {memory['rows_n']:,} "
             "rows", memory["peak_rss_mb_4n"], memory["peak_rss_mb_n"], memory["ratio"],
-            memory["target"], "MiB")
+            memory["target"], "MiB", memory.get("definition"))
     if scaling := ok("scaling"):
         ceiling, default = scaling["machine_ceiling"], scaling["batch_size_default"]
         for key, batch in (("at_defaults", default), ("batch_8192", 8192)):
@@ -171,83 +343,214 @@ def _deep_rows(f: dict[str, Any], row: Any) -> None:
             row(f"TorchEstimator 2 workers vs 1, samples/s, {what} (batchSize {batch} per "
                 f"worker; machine ceiling {ceiling[str(batch)]['ratio']})",
                 s["samples_per_s_workers_2"], s["samples_per_s_workers_1"], s["ratio"],
-                scaling["target"] if key == "at_defaults" else "-", "samples/s")
+                scaling["target"] if key == "at_defaults" else "-", "samples/s",
+                scaling.get("definition"))
     if tta := ok("time_to_accuracy"):
         row(f"TorchEstimator 2 workers vs 1, time to {tta['threshold']} validation accuracy",
-            tta["seconds_workers_2"], tta["seconds_workers_1"], tta["ratio"], tta["target"])
+            tta["seconds_workers_2"], tta["seconds_workers_1"], tta["ratio"], tta["target"],
+            definition=tta.get("definition"))
     if "overhead" in f and "error" not in f["overhead"]:
         for kind in ("cold", "warm"):
             o = f["overhead"][kind]
             row(f"TorchEstimator 1-step fit vs TorchDistributor.run, {kind}",
-                o["sparkdist_s"], o["torch_distributor_s"], o["ratio"], o["target"])
+                o["sparkdist_s"], o["torch_distributor_s"], o["ratio"], o["target"],
+                definition=o.get("definition"))
         syncs = f["barrier_syncs"]["per_fit"]
         row("Spark barrier syncs per fit", syncs,
-            f["overhead"]["warm"]["torch_distributor_barrier_syncs"], syncs, "<= 2", "syncs")
+            f["overhead"]["warm"]["torch_distributor_barrier_syncs"], syncs, "<= 2", "syncs",
+            f["barrier_syncs"].get("definition"))
     if recovery := ok("recovery"):
         row("Recovery: extra time of a fit with a SIGKILLed worker vs (cold 1-step fit + one "
             "checkpoint interval)", recovery["extra_s"], recovery["budget_s"],
-            recovery["ratio"], recovery["target"])
+            recovery["ratio"], recovery["target"], definition=recovery.get("definition"))
 
 
-def markdown(rows: list[dict[str, Any]], machine: str, rerun: list[str] | None = None) -> str:
-    how = (f"`python bench/report.py --only {','.join(rerun)}` (the other rows from the last "
-           "full `make bench`)" if rerun else "`make bench`")
-    lines = [f"Measured by {how} on {machine}.", "",
-             "| comparison | sparkdist | reference | ratio | target |", "|---|---:|---:|---:|---|"]
+
+
+# -- publishing: the table, the page and the chart ----------------------------------------
+
+def judged(rows: list[dict[str, Any]], results: dict[str, tuple[dict[str, Any], Path]]
+           ) -> list[dict[str, Any]]:
+    """The rows with their target verdict and their benchmark's provenance and status."""
+    statuses = {name: status(provenance(name, figures, path), measured_paths(name))
+                for name, (figures, path) in results.items()}
+    return [{**r, "met": met(r), **statuses[r["benchmark"]]} for r in rows]
+
+
+def met(row: dict[str, Any]) -> bool | None:
+    """Whether the ratio meets the row's target; None without a target."""
+    match = re.fullmatch(r"(<=|>=) *([-\d.]+)", str(row["target"]).strip())
+    if not match or not isinstance(row["ratio"], (int, float)):
+        return None
+    bound = float(match.group(2))
+    return row["ratio"] <= bound if match.group(1) == "<=" else row["ratio"] >= bound
+
+
+def verdict(row: dict[str, Any]) -> str:
+    """met / missed / '-', then STALE and NOISY where they apply."""
+    marks = ["-" if row["met"] is None else "met" if row["met"] else "**missed**"]
+    marks += ["STALE" for _ in [row["stale"]] if row["stale"]]
+    marks += ["NOISY" for _ in [row["noisy"]] if row["noisy"]]
+    return ", ".join(marks)
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    """The comparison table: every figure, its verdict, commit, date and load."""
+    lines = ["| comparison | sparkdist | reference | ratio | target | verdict | commit | date "
+             "| load (1 min) |", "|---|---:|---:|---:|---|---|---|---|---|"]
     lines += [f"| {r['comparison']} | {r['sparkdist']:,} {r['unit']} | {r['reference']:,} "
-              f"{r['unit']} | {r['ratio']} | {r['target']} |" for r in rows]
+              f"{r['unit']} | {r['ratio']} | {r['target']} | {verdict(r)} | {r['commit']} | "
+              f"{r['date']} | {r['load']} |" for r in rows]
     return "\n".join(lines) + "\n"
 
 
+def page(rows: list[dict[str, Any]], results: dict[str, tuple[dict[str, Any], Path]]) -> str:
+    """docs/performance.md: the published results, the runs that are not results, and what
+    each benchmark measures."""
+    quiet = [r for r in rows if not r["noisy"]]
+    loud = [r for r in rows if r["noisy"]]
+    parts = [PAGE_HEAD.format(load=NOISY_LOAD, others=f"{NOISY_OTHERS:.0%}"), "## Results", "",
+             markdown(quiet) if quiet else "No benchmark run on this code was quiet "
+             "enough to publish: every stored run is listed below as noise.\n",
+             "![sparkdist against the tools it replaces](../bench/results/latest.png)", "",
+             "## Runs that are not results (NOISY)", "",
+             "Measured on a busy machine, or with no record of the load: listed so that nothing is "
+             "hidden, not to be quoted.",
+             "", markdown(loud) if loud else "None.\n", "## Each benchmark's run",
+             ""]
+    for name in results:
+        first = next((r for r in rows if r["benchmark"] == name), None)
+        if first:
+            reasons = "; ".join(x for x in (first["stale"], first["noisy"]) if x) or "-"
+            parts.append(f"- `bench/{name}.py` (measures {', '.join(measured_paths(name))}) "
+                         f"on {machine(results[name][0])}: "
+                         f"{reasons}")
+    parts += ["", "## Definitions", ""]
+    for name, (figures, _) in results.items():
+        parts.append(f"### {name}\n")
+        parts.append(f"{summary(name)}\n")
+        if figures.get("definition"):
+            parts.append(f"{figures['definition']}\n")
+        for r in rows:
+            if r["benchmark"] == name and r["definition"]:
+                parts.append(f"- {r['comparison']}: {r['definition']}")
+        parts.append("")
+    return "\n".join(parts).rstrip() + "\n"
+
+
+PAGE_HEAD = """# Performance
+
+<!-- Generated by bench/report.py from bench/results/*.json: do not edit; run `make docs`. -->
+
+Each ratio is sparkdist's figure over a reference measured in the same process, on the same
+cached data, both sides timed by wall clock on the driver around the whole call, median of 3
+after a warm-up, the sides alternating (`make bench` runs them all; `bench/results/*.json`
+holds each figure's definition next to it; the analysis of earlier runs is in
+[performance-notes.md](performance-notes.md)).
+
+Every figure carries the commit it was measured on, the date, and the 1-minute load average
+during the run (at the start and the highest sample) with the busiest other process's share of
+a core where the run recorded it:
+
+- **STALE**: code the benchmark measures (its `MEASURES`) changed since that commit, or was
+  uncommitted when it ran: the figure describes older code.
+- **NOISY**: the load exceeded {load} before the run started (or at any sample, for runs that
+  did not record other processes), another process used more than {others} of a core during
+  it, or the run recorded no load at all (it cannot show that the machine was quiet): the run
+  is listed below the results, never as one.
+- verdict **missed**: the figure as measured, against a target that was not changed after
+  the miss.
+"""
+
+
 def chart(rows: list[dict[str, Any]], path: Path) -> None:
-    """Horizontal bars of the ratios; a tick marks each target."""
+    """Every ratio as "times better than the reference" (> 1: sparkdist better), log scale:
+    green met, red missed, blue no target; a black tick marks the target; hatched STALE,
+    faded NOISY."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(10, 0.5 * len(rows) + 1.5))
-    labels = [r["comparison"] for r in rows][::-1]
-    ratios = [float(r["ratio"]) for r in rows][::-1]
-    ax.barh(labels, ratios, color="#4c72b0")
-    for y, r in enumerate(rows[::-1]):
-        if r["target"] != "-":
-            target = float(r["target"].split()[-1])
-            ax.plot([target, target], [y - 0.4, y + 0.4], color="#c44e52", linewidth=2)
-        ax.text(float(r["ratio"]), y, f" {r['ratio']}", va="center", fontsize=8)
+    shown = [r for r in rows if r["unit"] not in ("accuracy", "syncs")
+             and isinstance(r["ratio"], (int, float)) and r["ratio"] > 0][::-1]
+    fig, ax = plt.subplots(figsize=(12, 0.55 * len(shown) + 2))
+    for y, r in enumerate(shown):
+        value = better(r, float(r["ratio"]))
+        colour = {True: "#55a868", False: "#c44e52", None: "#4c72b0"}[r.get("met")]
+        ax.barh(y, value, color=colour, alpha=0.35 if r.get("noisy") else 1.0,
+                hatch="//" if r.get("stale") else None, edgecolor="white")
+        right = value
+        if r.get("met") is not None:
+            target = better(r, float(str(r["target"]).split()[-1]))
+            ax.plot([target, target], [y - 0.42, y + 0.42], color="black", linewidth=2)
+            right = max(value, target * 1.03)  # the label clear of the tick
+        marks = " ".join(m for m, on in (("STALE", r.get("stale")), ("NOISY", r.get("noisy")))
+                         if on)
+        ax.text(right, y, f" {value:.2f}x {marks}", va="center", fontsize=8)
+    ax.set_yticks(range(len(shown)),
+                  [textwrap.fill(r["comparison"], 70) for r in shown], fontsize=7)
     ax.axvline(1.0, color="grey", linewidth=0.8, linestyle="--")
-    ax.set_xscale("log")  # ratios from 0.1 to 20: equal factors look equal
-    ax.set_xlabel("ratio, log scale (sparkdist / reference; red tick: target)")
-    ax.tick_params(axis="y", labelsize=8)
-    ax.set_title("sparkdist against the tools it replaces (same run, same data)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    ax.set_xscale("log")  # 0.1x to 20x: equal factors look equal
+    ax.set_xlabel("times better than the reference (log scale; > 1: sparkdist better; "
+                  "black tick: target)")
+    from matplotlib.patches import Patch
+
+    ax.legend(handles=[Patch(color="#55a868", label="target met"),
+                       Patch(color="#c44e52", label="target missed"),
+                       Patch(color="#4c72b0", label="no target"),
+                       Patch(facecolor="#4c72b0", hatch="//", edgecolor="white",
+                             label="STALE: measured code changed since"),
+                       Patch(color="#4c72b0", alpha=0.35, label="NOISY: busy machine, not a "
+                             "result")], loc="upper center", bbox_to_anchor=(0.5, -0.04 -
+                             0.9 / (len(shown) + 4)), ncol=3, fontsize=8, frameon=False)
+    ax.set_title("sparkdist against the tools it replaces: green met, red missed, blue no "
+                 "target;\nhatched STALE (code changed since), faded NOISY (busy machine)",
+                 fontsize=10)
+    fig.savefig(path, dpi=100, bbox_inches="tight")  # tight: no label or title cut off
     plt.close(fig)
+
+
+def machine(figures: dict[str, Any]) -> str:
+    """The machine a result names (its own line, else its provenance's host)."""
+    return str(figures.get("machine") or figures.get("provenance", {}).get("host")
+               or "an unrecorded machine")
+
+
+def better(row: dict[str, Any], value: float) -> float:
+    """``value`` (a ratio or target of ``row``) as times better than the reference."""
+    return 1 / value if row["better"] == "lower" else value
+
+
+def publish(results: dict[str, tuple[dict[str, Any], Path]]) -> str:
+    """Write latest.{json,md,png} and docs/performance.md from the stored results."""
+    for name, (figs, path) in results.items():
+        if "provenance" not in figs:  # an older result: keep what git says of it, once
+            figs["provenance"] = provenance(name, figs, path)
+            (RESULTS / f"{name}.json").write_text(json.dumps(figs) + "\n")
+    figures = {name: figs for name, (figs, _) in results.items()}
+    rows = judged(table(figures), results)
+    LATEST.write_text(json.dumps({"table": rows, "benchmarks": figures}, indent=1) + "\n")
+    text = markdown(rows)
+    (RESULTS / "latest.md").write_text(text)
+    chart(rows, RESULTS / "latest.png")
+    PAGE.parent.mkdir(exist_ok=True)
+    PAGE.write_text(page(rows, results))
+    return text
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", help="comma-separated subset of " + ",".join(SCRIPTS))
+    parser.add_argument("--page", action="store_true",
+                        help="run nothing: rewrite the report and docs/performance.md")
     args = parser.parse_args()
-    names = args.only.split(",") if args.only else list(SCRIPTS)
-    started = time.monotonic()
-    fresh = {name: run(name) for name in names}
-    # --only: the other benchmarks keep their figures from the last report
-    kept = json.loads(LATEST.read_text())["benchmarks"] if args.only and LATEST.exists() else {}
-    figures = {name: fresh[name] if name in fresh else kept[name] for name in SCRIPTS
-               if name in fresh or name in kept}
-    machine = (f"{os.cpu_count()} cores, Python {platform.python_version()}, "
-               f"{platform.system()} {platform.machine()}, Spark local[2], no GPU")
-    rows = table(figures)
+    names = [] if args.page else args.only.split(",") if args.only else list(SCRIPTS)
     RESULTS.mkdir(exist_ok=True)
-    report = {"machine": machine, "seconds": round(time.monotonic() - started, 1),
-              "rerun": names if args.only else None, "table": rows, "benchmarks": figures}
-    LATEST.write_text(json.dumps(report, indent=1) + "\n")
-    text = markdown(rows, machine, names if args.only else None)
-    (RESULTS / "latest.md").write_text(text)
-    chart(rows, RESULTS / "latest.png")
-    print(text)
-    print(f"total {report['seconds']} s; written: bench/results/latest.{{json,md,png}}")
+    for name in names:  # each result replaces its file, which the page then reads
+        (RESULTS / f"{name}.json").write_text(json.dumps(run(name)) + "\n")
+    print(publish(stored()))
+    print("written: bench/results/latest.{json,md,png}, docs/performance.md")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,11 @@ from pyspark.sql import DataFrame
 from sparkdist.datasets import CHURN_COUNTS, CHURN_LABEL, churn
 from sparkdist.features import FeatureAssembler, split
 
+#: The code this benchmark measures: bench/report.py marks a figure STALE when any of it
+#: changed after the figure's commit.
+MEASURES = ("sparkdist/features",)
+
+
 
 def sparkdist_side(df: DataFrame) -> None:
     parts = split(df, {"train": 0.8, "test": 0.2}, seed=42, keyCols=["customer_id"])

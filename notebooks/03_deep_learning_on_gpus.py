@@ -123,16 +123,16 @@ print({name: round(value, 4) for name, value in metrics.items()})
 # MAGIC each holds `1/numWorkers` of it, and the fitted model is still the whole network. On a
 # MAGIC cluster whose Python workers have a memory cap (`spark.executor.pyspark.memory`), a
 # MAGIC network whose training state is over the cap fails under `ddp` and trains under `fsdp`
-# MAGIC (the README's "Models larger than one device" has the measured case). Here the budget
+# MAGIC (docs/deep-models.md "Models larger than one device" has the measured case). Here the budget
 # MAGIC is `worker_budget_mb` (default: three quarters of the whole training state), compared
 # MAGIC with what each rank reports holding; set the cap on the cluster to have it enforced.
 
 # COMMAND ----------
 
-from sparkdist.torchtrain.budget import model_state_mb
-
 big = {"hidden": [big_width] * 3}
-whole_mb = model_state_mb(big["hidden"], input_dim=len(assembler.featureNames))["training_state"]
+widths = [len(assembler.featureNames), *big["hidden"], 1]
+# float32 parameters, their gradients and Adam's two moments: four copies of the weights
+whole_mb = 4 * 4 * sum(a * b + b for a, b in zip(widths, widths[1:])) / 2**20
 budget_mb = worker_budget_mb or 0.75 * whole_mb
 sharded = TorchEstimator(epochs=1, strategy="fsdp",
                          **{**settings, "modelKwargs": big}).fit(train)

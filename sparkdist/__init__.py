@@ -16,11 +16,18 @@ _EXPORTS = {
     "FeatureAssembler": "sparkdist.features",
     "FeatureAssemblerModel": "sparkdist.features",
     "split": "sparkdist.features",
+    # every class in sparkdist.exceptions (tests/unit/test_package.py checks)
     "SparkdistError": "sparkdist.exceptions",
     "SchemaError": "sparkdist.exceptions",
     "ParamError": "sparkdist.exceptions",
+    "ConfigError": "sparkdist.exceptions",
     "ClusterConfigError": "sparkdist.exceptions",
     "TrainingError": "sparkdist.exceptions",
+    "ModelLoadError": "sparkdist.exceptions",
+    "PathExistsError": "sparkdist.exceptions",
+    "StoreError": "sparkdist.exceptions",
+    "NotebookError": "sparkdist.exceptions",
+    "FailpointError": "sparkdist.exceptions",
 }
 __all__ = sorted(_EXPORTS)
 

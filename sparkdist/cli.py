@@ -184,10 +184,11 @@ class _Output:
     through the JVM, or (Spark Connect: no JVM here) by sparkdist's store."""
 
     def __init__(self, spark: Any, url: str) -> None:
+        from sparkdist import _internals
         from sparkdist.session import is_connect
 
         self.url, self.spark = url, spark
-        self.jvm = None if is_connect(spark) else spark.sparkContext._jvm
+        self.jvm = None if is_connect(spark) else _internals.jvm(spark)
         if self.jvm is None:
             self.path = url
             return
@@ -197,7 +198,7 @@ class _Output:
 
         try:
             path = self.jvm.org.apache.hadoop.fs.Path(url)
-            self.fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+            self.fs = path.getFileSystem(_internals.hadoop_conf(spark))
             self.qualified = self.fs.makeQualified(path)
         except Py4JJavaError as err:  # "Relative path in absolute URI", no such filesystem
             raise ParamError(f"output '{url}': Spark cannot write there ({reason(err)}); "

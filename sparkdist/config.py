@@ -25,12 +25,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from sparkdist.columns import suggest
-from sparkdist.exceptions import ParamError
+from sparkdist.exceptions import ConfigError
 from sparkdist.models import ESTIMATORS
-
-
-class ConfigError(ParamError):
-    """The config file is unreadable, or a key is missing, unknown or of the wrong type."""
 
 
 class _Strict(BaseModel):

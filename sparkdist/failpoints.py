@@ -2,9 +2,10 @@
 fail on purpose, to rehearse recovery before a real cluster does it (as storage engines let
 operators and tests do).
 
-A failpoint is armed on one estimator; its fit ships it to the ranks with the other task
-arguments, and the rank it names fails when it reaches the point. Off is the default and costs
-one comparison: an unarmed fit ships ``None``, and :func:`hit` returns at once.
+A failpoint is a hook (:mod:`sparkdist.hooks`, the one registry of test and benchmark hooks):
+armed on one estimator, its fit carries it to the ranks in its spec, and the rank it names
+fails when it reaches the point. Off is the default and costs nothing: an unarmed fit carries
+no hook, and nothing wraps the rendezvous or the step.
 
 Points
 ------
@@ -24,7 +25,7 @@ Examples
 --------
 >>> from sparkdist.models import TorchEstimator
 >>> estimator = arm(TorchEstimator(epochs=3), "/tmp/fp", rank=1, epoch=2, step=3)
->>> armed(estimator)["point"]
+>>> armed(estimator).point
 'torch.step'
 >>> disarm(estimator)
 >>> armed(estimator) is None
@@ -33,20 +34,66 @@ True
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import time
+from collections.abc import Callable
 from typing import Any
+
+from sparkdist import hooks
+from sparkdist.exceptions import FailpointError
 
 POINTS = ("torch.rendezvous", "torch.step", "xgboost.round")
 ACTIONS = ("raise", "kill", "hang")
-#: Armed failpoints by estimator uid (a copy of an estimator, as Pipelines and tuning make,
-#: keeps its uid and so its failpoint).
-_ARMED: dict[str, dict[str, Any]] = {}
 
 
-class FailpointError(RuntimeError):
-    """The failure an armed failpoint raised."""
+@dataclasses.dataclass(frozen=True)
+class Failpoint:
+    """Where one rank fails (see the module docstring), and how often."""
+
+    point: str
+    rank: int
+    epoch: int
+    step: int
+    action: str
+    times: int
+    state_dir: str
+
+    def hit(self, point: str, rank: int, epoch: int = 0, step: int = 0) -> None:
+        """Fail here if this failpoint names the place and has firings left."""
+        if (point, rank, epoch, step) != (self.point, self.rank, self.epoch, self.step):
+            return
+        firing = _claim_firing(self.state_dir, self.times)
+        if firing is None:
+            return
+        if self.action == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if self.action == "hang":
+            while True:
+                time.sleep(1)
+        raise FailpointError(f"failpoint {point} fired ({firing}): rank {rank}, epoch {epoch}, "
+                             f"step {step}")
+
+    def wrap_rendezvous(self, call: Callable[..., Any]) -> Callable[..., Any]:
+        if self.point != "torch.rendezvous":
+            return call
+
+        def rendezvous(*args: Any) -> Any:
+            self.hit("torch.rendezvous", self.rank)
+            return call(*args)
+
+        return rendezvous
+
+    def wrap_step(self, call: Callable[..., Any], clock: Any) -> Callable[..., Any]:
+        if self.point != "torch.step":
+            return call
+
+        def step(epoch: int, number: int, *args: Any) -> Any:
+            self.hit("torch.step", self.rank, epoch + 1, number)
+            return call(epoch, number, *args)
+
+        return step
 
 
 def arm(estimator: Any, state_dir: str, *, rank: int, epoch: int = 1, step: int = 0,
@@ -59,38 +106,25 @@ def arm(estimator: Any, state_dir: str, *, rank: int, epoch: int = 1, step: int 
     point = "xgboost.round" if xgboost else "torch.step" if epoch else "torch.rendezvous"
     if xgboost and step:
         raise ValueError("xgboost.round has no steps: leave step=0")
-    _ARMED[estimator.uid] = {"point": point, "rank": rank, "epoch": epoch, "step": step,
-                             "action": action, "times": times, "state_dir": str(state_dir)}
-    return estimator
+    return hooks.arm(estimator, Failpoint(point, rank, epoch, step, action, times,
+                                          str(state_dir)))
 
 
 def disarm(estimator: Any) -> None:
-    _ARMED.pop(estimator.uid, None)
+    hooks.disarm(estimator, Failpoint)
 
 
-def armed(estimator: Any) -> dict[str, Any] | None:
-    """What a fit of ``estimator`` ships to its ranks: its failpoint, or None."""
-    found = _ARMED.get(estimator.uid)
-    return dict(found) if found else None
+def armed(estimator: Any) -> Failpoint | None:
+    """``estimator``'s failpoint, or None."""
+    found: Failpoint | None = hooks.of_kind(hooks.armed(estimator), Failpoint)
+    return found
 
 
-def hit(failpoint: dict[str, Any] | None, point: str, rank: int, epoch: int = 0,
+def hit(failpoint: Failpoint | None, point: str, rank: int, epoch: int = 0,
         step: int = 0) -> None:
-    """Called by a rank at ``point``: fail here if the armed failpoint names this place and
-    has firings left."""
-    if failpoint is None or (point, rank, epoch, step) != (
-            failpoint["point"], failpoint["rank"], failpoint["epoch"], failpoint["step"]):
-        return
-    firing = _claim_firing(failpoint["state_dir"], failpoint["times"])
-    if firing is None:
-        return
-    if failpoint["action"] == "kill":
-        os.kill(os.getpid(), signal.SIGKILL)
-    if failpoint["action"] == "hang":
-        while True:
-            time.sleep(1)
-    raise FailpointError(f"failpoint {point} fired ({firing}): rank {rank}, epoch {epoch}, "
-                         f"step {step}")
+    """Called at ``point`` (XGBoost's round callback): fail here if ``failpoint`` says so."""
+    if failpoint is not None:
+        failpoint.hit(point, rank, epoch, step)
 
 
 def _claim_firing(state_dir: str, times: int) -> int | None:

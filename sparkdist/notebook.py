@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sparkdist.exceptions import ClusterConfigError, ParamError, SparkdistError
+from sparkdist.exceptions import ClusterConfigError, NotebookError, ParamError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -61,10 +61,6 @@ _TRUE, _FALSE = ("true", "1", "yes", "y", "on"), ("false", "0", "no", "n", "off"
 _TYPE_WORDS = {bool: "a boolean (true/false)", int: "an integer", float: "a number",
                str: "a string"}
 _REPO = Path(__file__).resolve().parents[1]
-
-class NotebookError(SparkdistError, RuntimeError):
-    """A notebook cell failed; the message names the notebook, the cell and the cause."""
-
 
 # ------------------------------------------------------------------------------ parameters
 def param(name: str, default: Any, type: type | None = None, *, label: str | None = None) -> Any:

@@ -45,21 +45,23 @@ import re
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from py4j.protocol import Py4JJavaError
 from pyspark.errors import PySparkException
 from pyspark.errors.exceptions.captured import CapturedException
 from pyspark.ml.param import Params
-from pyspark.ml.util import DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
+from pyspark.ml.util import MLReadable, MLReader, MLWritable, MLWriter
 
 from sparkdist import store
+from sparkdist._internals import params_metadata
 from sparkdist._params import StageParams
 from sparkdist.exceptions import ModelLoadError, ParamError
-from sparkdist.models import MODULES as MODELS
 
 _LOG = logging.getLogger(__name__)
 _T = TypeVar("_T")
+_PACKAGE_DIR = Path(__file__).resolve().parent
 
 STATE_KEY = "sparkdistState"
 #: The committed version directory of a stage, relative to the stage's path.
@@ -69,8 +71,10 @@ RECORD = "metadata/part-00000"
 #: (e.g. xgboost.spark's pickled callbacks) is refused.
 METADATA_KEYS = {"class", "timestamp", "sparkVersion", "uid", "paramMap", "defaultParamMap",
                  STATE_KEY, DATA_KEY}
-#: Modules whose Params classes may be named in a saved directory.
-SPARKDIST_MODULES = ("sparkdist.features.assembly", *MODELS)
+#: sparkdist's modules whose Params classes a saved directory may name, besides the public
+#: modules of :data:`MODELS_PACKAGE` (:func:`own_stage_module`).
+SPARKDIST_MODULES = ("sparkdist.features.assembly",)
+MODELS_PACKAGE = "sparkdist.models"
 PYSPARK_MODULES = ("pyspark.ml.feature", "pyspark.ml.classification", "pyspark.ml.regression",
                    "pyspark.ml.clustering", "pyspark.ml.recommendation", "pyspark.ml.fpm")
 #: pyspark stages whose readers load further stages by the class names in their files.
@@ -143,14 +147,13 @@ def _write_stage(stage: Any, data: str, spark: Any) -> dict[str, Any]:
         if isinstance(stage, PersistentModel):
             stage._save_artifacts(data)
             extra = {STATE_KEY: stage._state()}
-        return json.loads(DefaultParamsWriter._get_metadata_to_save(
-            cast(Params, stage), spark, extra))
+        return json.loads(params_metadata(cast(Params, stage), spark, extra))
     if isinstance(stage, PipelineModel):
         for index, inner in enumerate(stage.stages):
             save_model(inner, _stage_path(data, index, len(stage.stages), inner.uid),
                        spark=spark)
         params = {"stageUids": [inner.uid for inner in stage.stages], "language": "Python"}
-        return json.loads(DefaultParamsWriter._get_metadata_to_save(stage, spark, None, params))
+        return json.loads(params_metadata(stage, spark, None, params))
     if isinstance(stage, JavaMLWritable):
         with store.jvm_output(spark, data) as out:
             stage.write().save(out)
@@ -297,7 +300,7 @@ def allowed_class(name: str, path: str) -> type[Any]:
     """The class a saved directory names, if sparkdist loads it; else ModelLoadError. Only
     modules on the allowlist are imported, and only after the name matched one."""
     module, _, attr = name.replace("org.apache.spark", "pyspark").rpartition(".")
-    if module in SPARKDIST_MODULES:
+    if own_stage_module(module):
         cls = getattr(importlib.import_module(module), attr, None)
         if (inspect.isclass(cls) and issubclass(cls, ParamsPersistence)
                 and cls.__module__ == module):
@@ -307,6 +310,18 @@ def allowed_class(name: str, path: str) -> type[Any]:
     raise ModelLoadError(f"'{path}' names the class {name!r}, which sparkdist does not load "
                          "(it loads its own stages, PipelineModels and pyspark.ml's feature "
                          "and model classes); refusing to import or run it.")
+
+
+def own_stage_module(module: str) -> bool:
+    """Whether ``module`` is one of sparkdist's stage modules: one of
+    :data:`SPARKDIST_MODULES`, or a public module directly in :data:`MODELS_PACKAGE`. Read
+    from the package's files, not by importing it: persist lies below the models that mix it
+    in, and a new model module needs no entry here."""
+    package, _, leaf = module.rpartition(".")
+    if module in SPARKDIST_MODULES:
+        return True
+    return (package == MODELS_PACKAGE and leaf.isidentifier() and not leaf.startswith("_")
+            and (_PACKAGE_DIR / "models" / f"{leaf}.py").is_file())
 
 
 @functools.cache
@@ -503,7 +518,8 @@ def _checked_metadata(path: str, metadata: dict[str, Any], cls: type) -> dict[st
 
 def restore_params(instance: Any, metadata: dict[str, Any], path: str) -> None:
     """Set the saved Params on ``instance``; unknown names are refused, not ignored."""
-    known = {p.name for p in instance.params} - set(getattr(instance, "_transient_params", ()))
+    known = ({p.name for p in instance.params} | set(getattr(instance, "_renamed_params", ()))
+             ) - set(getattr(instance, "_transient_params", ()))  # renamed: old names load
     for section, setter in (("defaultParamMap", instance._setDefault),
                             ("paramMap", instance._set)):
         values = metadata.get(section, {})

@@ -148,11 +148,13 @@ def launcher_conf(launch: Mapping[str, str] | None = None) -> dict[str, str]:
     With ``PYSPARK_SUBMIT_ARGS="--master local[1] pyspark-shell"`` set before the JVM
     starts, ``conf["spark.master"]`` is ``'local[1]'``.
     """
-    from pyspark import SparkConf, SparkContext
+    from pyspark import SparkConf
+
+    from sparkdist._internals import start_gateway
 
     # pyspark passes a conf to the gateway it launches as --conf (ignored if one runs)
-    SparkContext._ensure_initialized(conf=SparkConf(loadDefaults=False).setAll(
-        list((launch or {}).items())) if launch else None)
+    start_gateway(SparkConf(loadDefaults=False).setAll(list((launch or {}).items()))
+                  if launch else None)
     found = dict(SparkConf().getAll())
     # spark-submit turns the console progress bar on for a shell ("pyspark-shell": the gateway
     # pyspark starts itself) unless told otherwise: a fallback too, not a choice.
@@ -206,9 +208,9 @@ def _spark_conf_dir() -> Path | None:
     if os.environ.get("SPARK_CONF_DIR"):
         return Path(os.environ["SPARK_CONF_DIR"])
     try:
-        from pyspark.find_spark_home import _find_spark_home
+        from sparkdist._internals import spark_home
 
-        return Path(_find_spark_home()) / "conf"
+        return Path(spark_home()) / "conf"
     except Exception:  # no Spark home found: pyspark will say so when it starts
         return None
 
@@ -263,9 +265,9 @@ def quiet_logs() -> None:
 def _quiet_jvm() -> Iterator[None]:
     """While this process starts its own JVM (not under spark-submit or a notebook's
     launcher), ``$SPARK_SUBMIT_OPTS`` gets :func:`jvm_log_options`; restored afterwards."""
-    from pyspark import SparkContext
+    from sparkdist._internals import jvm_started
 
-    if SparkContext._gateway is not None or "PYSPARK_GATEWAY_PORT" in os.environ:
+    if jvm_started() or "PYSPARK_GATEWAY_PORT" in os.environ:
         yield  # the JVM runs already, or a launcher starts it
         return
     before = os.environ.get("SPARK_SUBMIT_OPTS")
@@ -339,10 +341,10 @@ def _prepare_launch(master: str | None) -> None:
     """Before this process starts the JVM (which reads ``SPARK_LOCAL_IP`` once): the local
     environment, unless a launcher may name another master (spark-submit started this
     process, or ``PYSPARK_SUBMIT_ARGS`` names one)."""
-    from pyspark import SparkContext
+    from sparkdist._internals import jvm_started
 
     submit_args = os.environ.get("PYSPARK_SUBMIT_ARGS", "")
-    if (SparkContext._gateway is None and "PYSPARK_GATEWAY_PORT" not in os.environ
+    if (not jvm_started() and "PYSPARK_GATEWAY_PORT" not in os.environ
             and "--master" not in submit_args and "spark.master" not in submit_args):
         _local_env(master or os.environ.get(ENV_MASTER) or "local[*]")
 

@@ -35,15 +35,14 @@ import logging
 import os
 import re
 import shutil
-import stat
 import tempfile
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import timezone
 from typing import Any
 
-from sparkdist.exceptions import ParamError, SparkdistError
+from sparkdist import _fs
+from sparkdist.exceptions import ParamError, PathExistsError, SparkdistError, StoreError
 
 _LOG = logging.getLogger(__name__)
 
@@ -62,15 +61,6 @@ _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
 #: The most a control file (a metadata record, run.json, lock.json) may hold: far above what
 #: sparkdist writes (a metadata record with 100,000 feature names is ~3 MiB), far below memory.
 CONTROL_LIMIT = 16 * 2**20
-
-
-class PathExistsError(SparkdistError, FileExistsError):
-    """The target path exists and overwriting was not asked for."""
-
-
-class StoreError(SparkdistError, OSError):
-    """The store refused a request or could not be reached (credentials, endpoint, a path
-    that is not a directory); the message names the path."""
 
 
 @dataclass(frozen=True)
@@ -268,7 +258,7 @@ def read_bytes(url: str, limit: int | None = None) -> bytes:
     :data:`CONTROL_LIMIT`) for small control files; artifacts (weights, checkpoints) pass none."""
     where = locate(url)
     if where.local:
-        return _within(url, _read_local(where.path, url, limit)[0], limit)
+        return _within(url, _fs.read_local(where.path, url, limit)[0], limit)
     if limit is None:  # an artifact: fsspec's own read (ranged GETs in parallel, retried)
         return bytes(where.fs.cat_file(where.path))
     return read_tagged(url, limit).data
@@ -289,26 +279,17 @@ def read_tagged(url: str, limit: int | None = CONTROL_LIMIT) -> Tagged:
     """:func:`read_bytes` with the version's tag and write time (FileNotFoundError when absent)."""
     where = locate(url)
     if where.local:
-        data, modified = _read_local(where.path, url, limit)
+        data, modified = _fs.read_local(where.path, url, limit)
         tagged = Tagged(data, hashlib.sha256(data).hexdigest(), modified)
     elif "s3" in _protocols(where.fs):
-        tagged = _s3_get(where.fs, where.path, limit)
+        tagged = Tagged(*_fs.s3_get(where.fs, where.path, limit))
     else:
         with where.fs.open(where.path, "rb") as file:
             data = file.read() if limit is None else file.read(limit + 1)
-        tagged = Tagged(data, hashlib.sha256(data).hexdigest(), _modified(where))
+        tagged = Tagged(data, hashlib.sha256(data).hexdigest(),
+                        _fs.modified(where.fs, where.path))
     _within(url, tagged.data, limit)
     return tagged
-
-
-def _modified(where: Location) -> float | None:
-    """When the store last wrote ``where`` (HDFS, GCS, Azure: fsspec's ``modified``), or None
-    where it does not say. A naive time is the store's UTC."""
-    try:
-        when = where.fs.modified(where.path)
-    except (NotImplementedError, OSError):
-        return None
-    return float((when if when.tzinfo else when.replace(tzinfo=timezone.utc)).timestamp())
 
 
 def _within(url: str, data: bytes, limit: int | None) -> bytes:
@@ -316,43 +297,6 @@ def _within(url: str, data: bytes, limit: int | None) -> bytes:
         raise ParamError(f"'{url}' holds more than {limit} bytes, more than sparkdist ever "
                          "writes there: it is not sparkdist's file. Remove or replace it.")
     return data
-
-
-def _read_local(path: str, url: str, limit: int | None) -> tuple[bytes, float]:
-    """A regular file's bytes (at most ``limit + 1``) and mtime; anything else is refused
-    before it is read: by its stat before opening, and by the opened file's own stat (the name
-    may be swapped in between; O_NONBLOCK: opening a FIFO then returns at once)."""
-    if not stat.S_ISREG(os.stat(path).st_mode):
-        raise _not_regular(url)
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
-    with open(os.open(path, flags | getattr(os, "O_BINARY", 0)), "rb") as file:
-        info = os.fstat(file.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise _not_regular(url)
-        return (file.read() if limit is None else file.read(limit + 1)), info.st_mtime
-
-
-def _not_regular(url: str) -> ParamError:
-    return ParamError(f"'{url}' is not a regular file (a FIFO, device, socket or directory, "
-                      "or a link to one): sparkdist reads only files it wrote there. Remove "
-                      "it, or replace it with the file it stands for.")
-
-
-def _s3_get(fs: Any, path: str, limit: int | None) -> Tagged:
-    """One GET: the bytes (at most ``limit + 1``), the ETag and LastModified of one version."""
-    from fsspec.asyn import sync
-
-    bucket, key, _ = fs.split_path(path)
-
-    async def get() -> Tagged:
-        response = await fs._call_s3("get_object", Bucket=bucket, Key=key)
-        try:
-            data = await response["Body"].read(None if limit is None else limit + 1)
-        finally:
-            response["Body"].close()
-        return Tagged(bytes(data), str(response["ETag"]), response["LastModified"].timestamp())
-
-    return sync(fs.loop, get)
 
 
 def replace_if(url: str, tag: str, data: bytes) -> bool:
@@ -363,8 +307,8 @@ def replace_if(url: str, tag: str, data: bytes) -> bool:
     both succeed)."""
     where = locate(url)
     if "s3" in _protocols(where.fs):
-        return _s3_conditional(lambda: where.fs.pipe_file(where.path, data, IfMatch=tag))
-    with _directory_lock(where):
+        return _fs.s3_conditional(lambda: where.fs.pipe_file(where.path, data, IfMatch=tag))
+    with _fs.directory_lock(where.path, where.local):
         if _current_tag(url) != tag:
             return False
         write_bytes(url, data)
@@ -377,9 +321,9 @@ def remove_if(url: str, tag: str) -> bool:
     where = locate(url)
     if "s3" in _protocols(where.fs):
         bucket, key, _ = where.fs.split_path(where.path)
-        return _s3_conditional(lambda: where.fs.call_s3("delete_object", Bucket=bucket,
-                                                        Key=key, IfMatch=tag))
-    with _directory_lock(where):
+        return _fs.s3_conditional(lambda: where.fs.call_s3("delete_object", Bucket=bucket,
+                                                            Key=key, IfMatch=tag))
+    with _fs.directory_lock(where.path, where.local):
         if _current_tag(url) != tag:
             return False
         remove(url)
@@ -391,47 +335,6 @@ def _current_tag(url: str) -> str | None:
         return read_tagged(url).tag
     except FileNotFoundError:
         return None
-
-
-def _s3_conditional(request: Any) -> bool:
-    """Run a conditional S3 request: False when S3 refused its condition (412), found the
-    object gone (404), or saw a concurrent conditional write (409: another caller won)."""
-    try:
-        request()
-    except FileNotFoundError:
-        return False
-    except OSError as err:
-        if _s3_code(err) in ("PreconditionFailed", "ConditionalRequestConflict"):
-            return False
-        raise
-    return True
-
-
-def _s3_code(err: OSError) -> str | None:
-    """The S3 error code behind an error s3fs translated (botocore's ClientError)."""
-    return getattr(err.__cause__, "response", {}).get("Error", {}).get("Code")
-
-
-@contextlib.contextmanager
-def _directory_lock(where: Location) -> Iterator[None]:
-    """Hold an exclusive flock on ``where``'s directory (local stores), so that compare-and-
-    swaps of files in it run one at a time across threads and processes; it is released when
-    the holder closes it or dies. Elsewhere (and where the mount refuses flock) nothing."""
-    directory = os.path.dirname(where.path)
-    if os.name == "nt" or not where.local or not os.path.isdir(directory):
-        yield  # (no directory: no file to compare either)
-        return
-    import fcntl
-
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError as err:  # e.g. a FUSE mount without locks: checked, then written
-            _LOG.debug("no flock on %s (%s)", where.path, err)
-        yield
-    finally:
-        os.close(fd)
 
 
 def write_bytes(url: str, data: bytes) -> None:
@@ -473,7 +376,7 @@ def create_exclusive(url: str, data: bytes) -> None:
         try:
             where.fs.pipe_file(where.path, data, mode="create")  # PUT with If-None-Match: *
         except OSError as err:  # FileExistsError; 409: another conditional PUT in flight
-            if _s3_code(err) == "ConditionalRequestConflict" or where.fs.exists(where.path):
+            if _fs.s3_code(err) == "ConditionalRequestConflict" or where.fs.exists(where.path):
                 raise PathExistsError(f"'{url}' was created by another writer.") from err
             raise
         return
@@ -514,10 +417,11 @@ def jvm_can_write(spark: Any, url: str) -> bool:
 
     if is_connect(spark):
         return True
+    from sparkdist import _internals
+
     try:
-        jvm = spark.sparkContext._jvm
-        jvm.org.apache.hadoop.fs.FileSystem.getFileSystemClass(
-            scheme, spark.sparkContext._jsc.hadoopConfiguration())
+        _internals.jvm(spark).org.apache.hadoop.fs.FileSystem.getFileSystemClass(
+            scheme, _internals.hadoop_conf(spark))
         return True
     except Exception:
         return False

@@ -33,6 +33,10 @@ from pyspark.sql.types import AtomicType, DataType, DoubleType, FloatType, Strin
 
 from sparkdist.columns import check_one_of, col, empty_data_error, is_numeric, require_columns
 from sparkdist.exceptions import ModelLoadError, ParamError, SchemaError
+from sparkdist.features._accessors_assembly import (
+    _FeatureAssemblerAccessors,
+    _FeatureAssemblerModelAccessors,
+)
 from sparkdist.persist import ParamsPersistence, PersistentModel, load_model, save_model
 
 NULL_POLICIES = ("error", "drop", "impute")
@@ -82,7 +86,8 @@ class _FeatureAssemblerParams(HasLabelCol, HasOutputCol):
         ]
 
 
-class FeatureAssembler(Estimator, _FeatureAssemblerParams, ParamsPersistence):
+class FeatureAssembler(Estimator, _FeatureAssemblerParams, ParamsPersistence,
+                       _FeatureAssemblerAccessors):
     """Assemble numeric, categorical and vector columns into one feature vector.
 
     Examples
@@ -219,7 +224,8 @@ class FeatureAssembler(Estimator, _FeatureAssemblerParams, ParamsPersistence):
         return sorted(r[0] for r in rows)
 
 
-class FeatureAssemblerModel(Model, _FeatureAssemblerParams, PersistentModel):
+class FeatureAssemblerModel(Model, _FeatureAssemblerParams, PersistentModel,
+                            _FeatureAssemblerModelAccessors):
     """A fitted :class:`FeatureAssembler`.
 
     Attributes

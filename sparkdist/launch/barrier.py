@@ -15,7 +15,10 @@ fits and the GPU scheduling check; XGBoost's barrier stage is xgboost.spark's).
   (the executors on the driver's host) the gather goes through the driver's report socket
   and returns as soon as the last rank arrives; elsewhere it is Spark's ``allGather``, which
   costs at least a second: the JVM's ``BarrierTaskContext`` checks its RPC once a second
-  (``Thread.sleep(1000)``, Spark 4.3). Nothing else uses Spark's barrier calls.
+  (``Thread.sleep(1000)``, Spark 4.3). Nothing else uses Spark's barrier calls. The Spark
+  conf ``spark.sparkdist.rendezvous`` (:data:`RENDEZVOUS_CONF`, read at each fit) picks the
+  path: ``auto`` (the default, as above), ``driver`` or ``spark`` (always ``allGather``: the
+  path clusters take, so that a local test runs it too).
 - Every wait is bounded: the rendezvous (on the executors), the collectives (the backend's
   own timeout, from ``collective_timeout_s``) and the whole job (cancelled on the driver:
   its job group on classic Spark, its session tag, ``spark.interruptTag``, on Spark Connect;
@@ -50,12 +53,10 @@ import functools
 import json
 import logging
 import os
-import re
 import secrets
 import shutil
 import socket
 import sys
-import tempfile
 import threading
 import time
 import traceback
@@ -64,7 +65,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sparkdist.exceptions import ParamError, SchemaError, TrainingError
+from sparkdist.exceptions import ClusterConfigError, TrainingError
+from sparkdist.launch.attempts import INPUT_ERRORS, Attempts, Fit, Launch, cancel
+from sparkdist.launch.elastic import supervise
+from sparkdist.launch.executor import executor_id, make_scratch
 from sparkdist.launch.report import FIRST_LINE_S, REPORT_LINE_LIMIT, report_server
 from sparkdist.session import is_connect
 
@@ -76,12 +80,13 @@ _LOG = logging.getLogger(__name__)
 _CHUNK = 64 << 20  # result bytes per output row, far below Arrow's 2 GiB cell limit
 _RESULT_SCHEMA = "part INT, payload BINARY"
 _LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
-#: Errors a rank raises about the fit's input, raised on the driver with their own type.
-INPUT_ERRORS = (SchemaError, ParamError)
 #: Counted by tests and bench: the Spark barrier syncs a fit makes (the rendezvous only).
 SYNC_LOG_PREFIX = "sparkdist barrier sync"
 #: Logged instead where the rendezvous goes through the driver (no Spark barrier sync).
 DRIVER_RENDEZVOUS_LOG_PREFIX = "sparkdist rendezvous through the driver"
+#: The Spark conf that picks the rendezvous path: auto (the default), driver or spark.
+RENDEZVOUS_CONF = "spark.sparkdist.rendezvous"
+RENDEZVOUS_PATHS = ("auto", "driver", "spark")
 #: Set to 1 in the tasks' environment (in local mode: the driver's, before its JVM starts) and
 #: ranks keep their log lines for the error report without printing them: the make demo, whose
 #: local tasks print on the driver's console.
@@ -152,7 +157,7 @@ class WorkerContext:
         host = self._task.getTaskInfos()[self.rank].address.rsplit(":", 1)[0]
         ports = listen(host) if self.rank == 0 and listen is not None else []
         message = json.dumps({"host": host, "ports": ports, "task": self.attempt_key,
-                              "executor": _executor_id()})
+                              "executor": executor_id()})
         via_driver = self.settings.driver_rendezvous and self.settings.report_address
         prefix = DRIVER_RENDEZVOUS_LOG_PREFIX if via_driver else SYNC_LOG_PREFIX
         self.log(f"{prefix}: rendezvous of {self.world_size} (task attempt "
@@ -257,11 +262,11 @@ class WorkerContext:
         shutil.rmtree(self.scratch, ignore_errors=True)
 
 
-Worker = Callable[[WorkerContext, Iterator["pa.RecordBatch"], dict[str, Any]],
+Worker = Callable[[WorkerContext, Iterator["pa.RecordBatch"], Any],
                  "bytes | memoryview | None"]
 
 
-def run_barrier(df: DataFrame, worker: Worker, args: dict[str, Any], num_workers: int, *,
+def run_barrier(df: DataFrame, worker: Worker, args: Any, num_workers: int, *,
                 settings: BarrierSettings | None = None, timeout_s: float | None = None,
                 description: str = "sparkdist barrier stage",
                 on_report: Callable[[dict[str, Any]], None] | None = None,
@@ -300,7 +305,7 @@ def run_barrier(df: DataFrame, worker: Worker, args: dict[str, Any], num_workers
     """
     settings = settings or BarrierSettings()
     spark = df.sparkSession
-    fit = _Fit(max_retries, on_report, elastic)
+    fit = Fit(max_retries, on_report, elastic)
     token = secrets.token_hex(16)  # reaches the tasks inside the task closure, via Spark
     with report_server(_driver_host(df), token, fit.dispatch,
                        max_connections=2 * num_workers + 4) as address:
@@ -310,71 +315,26 @@ def run_barrier(df: DataFrame, worker: Worker, args: dict[str, Any], num_workers
                          "on the server bounds the retries.", description, max_retries)
         task_settings = BarrierSettings(**{**settings.__dict__, "report_address": address,
                                            "report_token": token,
-                                           "driver_rendezvous": address is not None
-                                           and _local_master(spark)})
+                                           "driver_rendezvous":
+                                           _through_driver(spark, address)})
         launch = functools.partial(_launch, df, worker, task_settings, description, fit)
         if elastic is None:
             rows = launch(args, num_workers, timeout_s, 0)
         else:
-            from sparkdist.launch.elastic import supervise
-
             rows = supervise(spark, launch, args, num_workers, elastic, timeout_s, fit)
     if not rows:
         raise TrainingError("the barrier stage finished but rank 0 returned no result.")
     return b"".join(row["payload"] for row in sorted(rows, key=lambda row: row["part"]))
 
 
-@dataclass
-class Launch:
-    """One barrier job of a fit: the first, or a re-planned one of an elastic fit (a new
-    job over ``world`` partitions, job group / tag ``tag``)."""
-
-    number: int
-    world: int
-    tag: str
-    attempts: _Attempts
-    #: Set by the elastic supervisor before it cancels the job: why (see elastic.py).
-    outcome: Any = None
-
-
-class _Fit:
-    """What one fit's report socket routes, across its launches: failure reports to the
-    current launch's :class:`_Attempts` (an earlier launch's late reports are dropped),
-    rank 0's attempt-started records to the worker-count history, progress to
-    ``on_report``."""
-
-    def __init__(self, max_retries: int | None,
-                 on_report: Callable[[dict[str, Any]], None] | None, elastic: Any) -> None:
-        self.max_retries, self.on_report, self.elastic = max_retries, on_report, elastic
-        self.current: Launch | None = None
-        #: Failed attempts of the launches before the current one (maxRetries spans them).
-        self.failed_before = 0
-        #: The world size of each attempt that reached its rendezvous, in order (the elastic
-        #: plan's list, where there is one: the caller reads it there).
-        self.worker_counts: list[int] = elastic.worker_counts if elastic is not None else []
-
-    def dispatch(self, record: dict[str, Any]) -> None:
-        current = self.current
-        if current is None or int(record.get("launch", current.number)) != current.number:
-            return  # a rank of a cancelled launch, reporting late
-        if "failure" in record:
-            current.attempts.record(record)
-        elif "started" in record:
-            self.worker_counts.append(int(record["started"]))
-            if self.elastic is not None:
-                self.elastic.note(f"rendezvous of {record['started']} done")
-        elif self.on_report is not None:
-            self.on_report(record)
-
-
 def _launch(df: DataFrame, worker: Worker, settings: BarrierSettings, description: str,
-            fit: _Fit, args: dict[str, Any], world: int, timeout_s: float | None,
+            fit: Fit, args: Any, world: int, timeout_s: float | None,
             number: int) -> list[Any]:
     """Run one barrier job of ``world`` tasks over ``df`` (repartitioned to ``world``) and
     collect rank 0's rows; ``fit.current`` describes it while it runs."""
     spark = df.sparkSession
     tag = f"sparkdist-{uuid.uuid4().hex[:12]}"  # the job group (classic) or tag (Connect)
-    attempts = _Attempts(fit.max_retries, functools.partial(_cancel, spark, tag),
+    attempts = Attempts(fit.max_retries, functools.partial(cancel, spark, tag),
                          failed_before=fit.failed_before)
     fit.current = Launch(number, world, tag, attempts)
     task = functools.partial(_barrier_task, worker, args,
@@ -385,88 +345,6 @@ def _launch(df: DataFrame, worker: Worker, settings: BarrierSettings, descriptio
     return _collect(stage, tag, description, timeout_s, attempts)
 
 
-class _Attempts:
-    """Counts the failed attempts of the training stage and cancels the job once
-    ``max_retries`` retries have failed too; keeps each attempt's root cause for the error.
-
-    The ranks' failure reports count the attempts as they fail (:meth:`record`). On classic
-    Spark the status tracker is watched as well (:meth:`watch`), for attempts whose ranks all
-    died without a word (SIGKILL); Spark Connect has no status tracker."""
-
-    def __init__(self, max_retries: int | None, cancel: Callable[[], None],
-                 failed_before: int = 0) -> None:
-        self.max_retries, self.cancel = max_retries, cancel
-        self.last: str | None = None
-        #: A rank's report that the input is bad: raised as is, no retry.
-        self.input_error: SchemaError | ParamError | None = None
-        self._attempt = -1
-        #: Failed attempts, counting those of a fit's earlier launches (elastic re-plans).
-        self._failed = self.failed_before = failed_before
-        #: The highest stage attempt number seen by :meth:`watch` (0: the first).
-        self.stage_attempt = 0
-        self.gave_up = False
-
-    @property
-    def failed(self) -> int:
-        """Failed attempts so far, this launch's (reported or seen retried) and before."""
-        return max(self._failed, self.failed_before + self.stage_attempt)
-
-    def record(self, record: dict[str, Any]) -> None:
-        """Keep the first failure of the newest stage attempt: the root cause, where the ranks
-        that fail after it only report losing their peer. The task ids of one attempt lie
-        within ``world_size`` of each other; a retry's are all higher."""
-        found = record.get("input_error")
-        if isinstance(found, dict) and self.input_error is None:
-            kind = {cls.__name__: cls for cls in INPUT_ERRORS}.get(str(found.get("type")))
-            if kind is not None:
-                self.input_error = kind(str(found.get("message")))
-                self.give_up()
-                return
-        attempt = int(record.get("attempt", 0))
-        if self.last is not None and attempt - self._attempt < int(record.get("world_size", 1)):
-            self._attempt = min(self._attempt, attempt)  # the same attempt: keep its lowest id
-            return
-        self.last, self._attempt = str(record["failure"]), attempt
-        self._failed += 1
-        if self.max_retries is not None and self._failed > self.max_retries:
-            self.give_up()
-
-    def give_up(self) -> None:
-        if not self.gave_up:
-            self.gave_up = True
-            self.cancel()
-
-    def watch(self, sc: Any, group: str, stop: threading.Event) -> None:
-        """Poll Spark's status tracker: attempt ``max_retries + 1`` of a stage means every
-        allowed attempt before it failed. Classic Spark only (``sc`` is its SparkContext)."""
-        while self.max_retries is not None and not stop.wait(0.5) and not self.gave_up:
-            try:
-                tracker = sc.statusTracker()
-                stages = [stage for job in tracker.getJobIdsForGroup(group)
-                          for stage in (tracker.getJobInfo(job) or _NO_JOB).stageIds]
-                infos = [tracker.getStageInfo(stage) for stage in stages]
-            except Exception as err:  # a py4j hiccup must not end the watch
-                _LOG.debug("status tracker poll failed: %s", err)
-                continue
-            self.stage_attempt = max([self.stage_attempt] + [
-                info.currentAttemptId for info in infos if info])
-            if self.failed > self.max_retries:
-                self.give_up()
-
-    def error(self, description: str) -> TrainingError:
-        return TrainingError(f"{description}: gave up after {(self.max_retries or 0) + 1} failed "
-                             f"attempt(s) (maxRetries={self.max_retries}). The last "
-                             f"failure: {self.last}")
-
-
-@dataclass(frozen=True)
-class _NoJob:
-    stageIds: tuple[int, ...] = ()  # noqa: N815 (the name Spark's SparkJobInfo uses)
-
-
-_NO_JOB = _NoJob()
-
-
 def worker_message(err: BaseException | str, limit: int = 3000) -> str:
     """The informative part of a failed job's (or task's) message: before the JVM stack,
     capped."""
@@ -475,7 +353,7 @@ def worker_message(err: BaseException | str, limit: int = 3000) -> str:
 
 
 # ---------------------------------------------------------------------------- executor side
-def _barrier_task(worker: Worker, args: dict[str, Any], settings: BarrierSettings,
+def _barrier_task(worker: Worker, args: Any, settings: BarrierSettings,
                   batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     from pyspark import BarrierTaskContext
 
@@ -509,55 +387,6 @@ def _result_batches(result: bytes | memoryview) -> Iterator[pa.RecordBatch]:
                                                          whole.slice(start, size)])
         yield pa.RecordBatch.from_arrays([pa.array([part], pa.int32()), payload],
                                          names=["part", "payload"])
-
-
-def _executor_id() -> str:
-    """This task's Spark executor: ``$SPARK_EXECUTOR_ID`` (set on Kubernetes), else the
-    ``--executor-id`` argument of the executor JVM that started this Python worker (its parent
-    or the daemon's parent: standalone, YARN, Kubernetes), else "driver" when that JVM has none
-    (local mode runs tasks in the driver), else "unknown" (no /proc: not Linux). Spark passes
-    the id to neither the Python worker's environment nor its TaskContext."""
-    if os.environ.get("SPARK_EXECUTOR_ID"):
-        return os.environ["SPARK_EXECUTOR_ID"]
-    pid = os.getpid()
-    with contextlib.suppress(OSError, IndexError, ValueError):
-        for _ in range(3):  # worker -> daemon -> JVM
-            with open(f"/proc/{pid}/stat") as stat:
-                pid = int(stat.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
-                args = cmdline.read().split(b"\0")
-            if b"--executor-id" in args:
-                return args[args.index(b"--executor-id") + 1].decode()
-            if args[0].endswith(b"java"):
-                return "driver"
-    return "unknown"
-
-
-_SCRATCH = re.compile(r"sparkdist-rank\d+-pid(\d+)-")
-
-
-def make_scratch(rank: int) -> str:
-    """A private directory for a rank's copy of its partition, in Spark's own local
-    directory of this executor (``SPARK_LOCAL_DIRS``, which Spark deletes when the
-    application ends). A task that Spark kills never runs its cleanup, so first remove what
-    earlier ranks whose process is gone left here: no copy of training data outlives its
-    task for longer than the next fit on the same executor."""
-    root = os.environ.get("SPARK_LOCAL_DIRS", tempfile.gettempdir()).split(",")[0]
-    for name in os.listdir(root):
-        found = _SCRATCH.match(name)
-        if found and not _alive(int(found.group(1))):
-            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
-    return tempfile.mkdtemp(prefix=f"sparkdist-rank{rank}-pid{os.getpid()}-", dir=root)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: alive, and not ours to clean
-        return True
-    return True
 
 
 def _with_timeout(call: Callable[[], Any], timeout_s: float, message: str) -> Any:
@@ -598,7 +427,9 @@ def _barrier_ready(df: DataFrame, num_workers: int) -> bool:
     if is_connect(df):  # no JVM handle to ask: one shuffle more, never a refused stage
         return False
     try:
-        pending = [df._jdf.queryExecution().toRdd()]
+        from sparkdist._internals import java_dataframe
+
+        pending = [java_dataframe(df).queryExecution().toRdd()]
     except Exception:  # a session without the JVM internals this walk uses
         return False
     while pending:
@@ -614,9 +445,9 @@ def _barrier_ready(df: DataFrame, num_workers: int) -> bool:
 
 
 def _collect(stage: DataFrame, tag: str, description: str, timeout_s: float | None,
-             attempts: _Attempts) -> list[Any]:
+             attempts: Attempts) -> list[Any]:
     """Collect the stage in the job group (classic) or under the session tag (Connect)
-    ``tag``, which the timeout and the retry watcher cancel (:func:`_cancel`)."""
+    ``tag``, which the timeout and the retry watcher cancel (:func:`cancel`)."""
     from py4j.protocol import Py4JJavaError
     from pyspark.errors import PySparkException
 
@@ -626,7 +457,7 @@ def _collect(stage: DataFrame, tag: str, description: str, timeout_s: float | No
         spark.addTag(tag)
     else:  # also the group the status tracker is asked for, and the UI description
         sc.setJobGroup(tag, description, interruptOnCancel=True)
-    timer = threading.Timer(timeout_s, _cancel, [spark, tag]) if timeout_s else None
+    timer = threading.Timer(timeout_s, cancel, [spark, tag]) if timeout_s else None
     stop = threading.Event()
     watcher = (threading.Thread(target=attempts.watch, args=(sc, tag, stop), daemon=True)
                if sc is not None else None)
@@ -660,18 +491,6 @@ def _collect(stage: DataFrame, tag: str, description: str, timeout_s: float | No
             sc.setLocalProperty("spark.job.description", None)  # type: ignore[arg-type]
 
 
-def _cancel(spark: Any, tag: str) -> None:
-    """Cancel the job group ``tag`` (classic) or the operations tagged ``tag`` (Connect);
-    never raises in the timer or watcher thread (the collect reports the cancellation)."""
-    try:
-        if is_connect(spark):
-            spark.interruptTag(tag)
-        else:
-            spark.sparkContext.cancelJobGroup(tag)
-    except Exception as err:
-        _LOG.warning("could not cancel the sparkdist jobs %s: %s", tag, err)
-
-
 def _driver_host(df: DataFrame) -> str | None:
     """Where the executors can reach this process: the driver host (classic); on Spark
     Connect, loopback when the server and its executors run on this host, else None."""
@@ -682,6 +501,21 @@ def _driver_host(df: DataFrame) -> str | None:
         return spark.conf.get("spark.driver.host")
     except Exception:
         return None
+
+
+def _through_driver(spark: Any, address: tuple[str, int] | None) -> bool:
+    """Whether the ranks gather through the driver's report socket at ``address``, as
+    :data:`RENDEZVOUS_CONF` says (``auto``: where there is a socket on a local master)."""
+    path = str(spark.conf.get(RENDEZVOUS_CONF, "auto") or "auto").strip().lower()
+    if path not in RENDEZVOUS_PATHS:
+        raise ClusterConfigError(f"{RENDEZVOUS_CONF}={path!r}: write one of "
+                                 f"{', '.join(RENDEZVOUS_PATHS)} (auto: through the driver on "
+                                 "local masters, Spark's allGather elsewhere).")
+    if path == "driver" and address is None:
+        raise ClusterConfigError(f"{RENDEZVOUS_CONF}=driver, but the executors cannot reach "
+                                 "this Spark Connect client; set it to auto or spark.")
+    return path == "driver" or (path == "auto" and address is not None
+                                and _local_master(spark))
 
 
 def _local_master(spark: Any) -> bool:

@@ -34,20 +34,18 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sparkdist.exceptions import TrainingError
+from sparkdist.launch.attempts import Fit, Launch, cancel
 from sparkdist.launch.preflight import live_slots
-
-if TYPE_CHECKING:
-    from sparkdist.launch.barrier import Launch, _Fit
 
 _LOG = logging.getLogger(__name__)
 #: How often the task slots are read while a job runs (one scheduler call each).
 POLL_S = 0.5
 
 
-def _same_args(args: dict[str, Any], world: int) -> dict[str, Any]:
+def _same_args(args: Any, world: int) -> Any:
     return args
 
 
@@ -74,7 +72,7 @@ class ElasticPlan:
 
     min_workers: int
     slot_wait_s: float
-    for_world: Callable[[dict[str, Any], int], dict[str, Any]] = _same_args
+    for_world: Callable[[Any, int], Any] = _same_args
     usable: Callable[[int], bool] = _any_world
     param: str = "minWorkers"
     wait_param: str = "slotWaitSeconds"
@@ -101,9 +99,9 @@ class ElasticPlan:
             f"{self.wait_param}.")
 
 
-def supervise(spark: Any, launch: Callable[..., list[Any]], args: dict[str, Any],
+def supervise(spark: Any, launch: Callable[..., list[Any]], args: Any,
               num_workers: int, plan: ElasticPlan, timeout_s: float | None,
-              fit: _Fit) -> list[Any]:
+              fit: Fit) -> list[Any]:
     """Run ``launch(args, world, timeout_s, number)`` (one barrier job) under the slot watch;
     re-launch on the world the watch picks until a job finishes (its rows) or the fit fails."""
     deadline = time.monotonic() + timeout_s if timeout_s else None
@@ -132,7 +130,7 @@ def supervise(spark: Any, launch: Callable[..., list[Any]], args: dict[str, Any]
             stop.set()
 
 
-def _next_launch(fit: _Fit, current: Launch, world: int) -> tuple[int, int]:
+def _next_launch(fit: Fit, current: Launch, world: int) -> tuple[int, int]:
     """Count the cancelled launch's failed attempt(s) against maxRetries; the next launch."""
     attempts = current.attempts
     fit.failed_before = max(attempts.failed, fit.failed_before + 1)
@@ -149,7 +147,7 @@ def _next_launch(fit: _Fit, current: Launch, world: int) -> tuple[int, int]:
 class _SlotWatch:
     """Polls the task slots while launch ``number`` runs and decides (module docstring)."""
 
-    def __init__(self, spark: Any, fit: _Fit, plan: ElasticPlan, num_workers: int,
+    def __init__(self, spark: Any, fit: Fit, plan: ElasticPlan, num_workers: int,
                  number: int) -> None:
         self.spark, self.fit, self.plan = spark, fit, plan
         self.num_workers, self.number = num_workers, number
@@ -194,9 +192,7 @@ class _SlotWatch:
 
     def end(self, current: Launch, outcome: int | TrainingError, why: str) -> None:
         """Cancel the launch's job; :func:`supervise` reads ``outcome`` once it ends."""
-        from sparkdist.launch.barrier import _cancel
-
         self.plan.note(why)
         _LOG.warning("sparkdist elastic: cancelling the training job: %s", why)
         current.outcome = outcome
-        _cancel(self.spark, current.tag)
+        cancel(self.spark, current.tag)

@@ -440,7 +440,9 @@ def live_slots(spark: SparkSession) -> int | None:
 def _scheduler_slots(spark: SparkSession) -> int | None:
     """Ask the scheduler (classic Spark only), as its barrier check does; None elsewhere."""
     try:
-        jsc: Any = spark.sparkContext._jsc.sc()  # type: ignore[union-attr]
+        from sparkdist._internals import java_spark_context
+
+        jsc: Any = java_spark_context(spark.sparkContext)
         profile = jsc.resourceProfileManager().defaultResourceProfile()
         return int(jsc.maxNumConcurrentTasks(profile))
     except Exception:  # Spark Connect has no SparkContext; old JVMs lack the method

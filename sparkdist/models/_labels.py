@@ -1,7 +1,7 @@
 """The label checks every sparkdist estimator with a ``labelCol`` runs before training: one
 aggregation over the label (other aggregates an estimator needs ride in the same job), then
 typed errors naming the column and the fix. TorchEstimator checks its label in its own data
-pass (``torch._data_aggregates``), where ``nanPolicy='drop'`` may drop bad rows instead."""
+pass (``_torch_checks._data_aggregates``), where ``nanPolicy='drop'`` may drop bad rows instead."""
 
 from __future__ import annotations
 

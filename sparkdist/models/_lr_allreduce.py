@@ -32,6 +32,7 @@ import numpy as np
 from pyspark.ml.functions import vector_to_array
 from pyspark.sql import DataFrame
 
+from sparkdist import _internals
 from sparkdist.columns import col
 from sparkdist.exceptions import ParamError, SchemaError
 from sparkdist.session import is_connect
@@ -196,7 +197,7 @@ def fit(dataset: DataFrame, inner: Any, found: Plan, weight_name: str | None,
               found.num_workers, result["iterations"], result["reason"],
               time.perf_counter() - started)
     model = inner._copyValues(
-        inner._create_model(java_model(dataset.sparkSession, inner.uid, result)))
+        _internals.wrap_java_model(inner, java_model(dataset.sparkSession, inner.uid, result)))
     attach_summary(model, dataset, result["objectiveHistory"])
     return model
 
@@ -237,15 +238,16 @@ def attach_summary(model: Any, dataset: DataFrame, history: list[float]) -> None
     fit builds it: ``objectiveHistory`` (the solver's, the starting point first, MLlib's
     objective), ``totalIterations``, and the metrics on the training rows, computed lazily on
     first use as MLlib's are."""
-    model._transfer_params_to_java()  # the summary reads the label/features/weight columns
-    model._java_obj.createSummary(
-        dataset._jdf, _java_doubles(dataset.sparkSession, np.asarray(history, dtype=float)))
+    _internals.push_params_to_java(model)  # the summary reads the label/features/weight cols
+    _internals.java_object(model).createSummary(
+        _internals.java_dataframe(dataset),
+        _java_doubles(dataset.sparkSession, np.asarray(history, dtype=float)))
 
 
 def java_model(spark: Any, uid: str, result: dict[str, Any]) -> Any:
     """MLlib's ``LogisticRegressionModel`` (JVM) from the solver's result, built through its
     constructor as MLlib's own fit builds it (both matrices compressed as MLlib does)."""
-    jvm = spark.sparkContext._jvm
+    jvm = _internals.jvm(spark)
     linalg = jvm.org.apache.spark.ml.linalg
     coefficients = np.asarray(result["coefficients"], dtype=np.float64)
     rows = len(result["intercepts"])
@@ -259,7 +261,7 @@ def java_model(spark: Any, uid: str, result: dict[str, Any]) -> Any:
 
 def _java_doubles(spark: Any, values: np.ndarray) -> Any:
     """A JVM ``double[]`` from ``values`` in three py4j calls (bytes, not one call a value)."""
-    gateway, jvm = spark.sparkContext._gateway, spark.sparkContext._jvm
+    gateway, jvm = _internals.gateway(spark), _internals.jvm(spark)
     array = gateway.new_array(jvm.double, int(values.size))
     buffer = jvm.java.nio.ByteBuffer.wrap(bytearray(values.astype(">f8").tobytes()))
     buffer.asDoubleBuffer().get(array)

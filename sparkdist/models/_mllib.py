@@ -151,6 +151,10 @@ class MLlibEstimator(Estimator, ParamsPersistence):
 
     _mllib_estimator: ClassVar[type[JavaEstimator]]
     _model_class: ClassVar[type[MLlibModel]]
+    #: Every Param classified by the fingerprint policy (see ``_recovery``): True when it
+    #: shapes the fitted model. No MLlib fit resumes today; the classification keeps the
+    #: policy whole, so a resumable MLlib fit starts from it.
+    _trajectory: ClassVar[dict[str, bool]]
 
     def _fit(self, dataset: DataFrame) -> MLlibModel:
         self._check_params()

@@ -7,6 +7,15 @@ Before launching anything the driver takes the lock, compares this fit's fingerp
 run's, and decides (see :class:`RunGuard`): start fresh, resume, or refuse with a ParamError
 naming every differing setting. Spark's own stage retries within one fit never pass through
 here: their ranks simply resume from the newest checkpoint.
+
+The fingerprint policy: every estimator classifies each of its Params in ``_trajectory``
+(True: it shapes the training trajectory, so it is in the resume fingerprint; False: it does
+not, e.g. the checkpoint Params, output columns, the device), and the fingerprint holds the
+True ones (:meth:`HasRecovery._trajectory_values`). tests/unit/test_fingerprint_policy.py
+fails for a Param left unclassified, so a new Param cannot slip out of the mismatch check.
+
+:class:`HasElastic` holds the Params of a fit that goes on with fewer workers when task slots
+are lost (TorchEstimator and the XGBoost estimators).
 """
 
 from __future__ import annotations
@@ -22,13 +31,13 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, NoReturn
+from typing import Any, ClassVar, NoReturn
 
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.sql import functions as F
 
 from sparkdist import store
-from sparkdist.columns import check_one_of
+from sparkdist.columns import check_one_of, check_timeout
 from sparkdist.exceptions import ClusterConfigError, ParamError
 from sparkdist.store import Checkpoints, PathExistsError
 
@@ -44,10 +53,57 @@ RUN_FILE, LOCK_FILE = "run.json", "lock.json"
 LEASE_SECONDS = 120.0
 HEARTBEAT_SECONDS = 30.0
 _UNITS = {"epochs": "epochs", "n_estimators": "rounds"}
+#: The recovery and elastic Params do not shape the trajectory (a resumed run may keep fewer
+#: checkpoints, run on fewer workers, ...); an estimator whose chunking does overrides one.
+RECOVERY_TRAJECTORY: dict[str, bool] = dict.fromkeys(
+    ("checkpointDir", "checkpointEvery", "keepCheckpoints", "runId", "resume", "maxRetries"),
+    False)
+ELASTIC_TRAJECTORY: dict[str, bool] = {"minWorkers": False, "slotWaitSeconds": False}
+
+
+class HasElastic(Params):
+    """minWorkers and slotWaitSeconds: a fit that loses task slots for good goes on with
+    fewer workers (at least minWorkers), waiting at most slotWaitSeconds for them."""
+
+    minWorkers: Param[int] = Param(
+        Params._dummy(), "minWorkers",
+        "the fewest workers a retried fit (or checkpointed chunk) may go on with when task "
+        "slots are lost for good, >= 0; 0: all the workers (never fewer)",
+        typeConverter=TypeConverters.toInt)
+    slotWaitSeconds: Param[float] = Param(
+        Params._dummy(), "slotWaitSeconds",
+        "longest wait in seconds for minWorkers free task slots before a retry fails: > 0 "
+        "and at most 31536000 (one year; inf is refused)", typeConverter=TypeConverters.toFloat)
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self._setDefault(minWorkers=0, slotWaitSeconds=300.0)
+
+    def check_elastic(self, workers_param: str) -> None:
+        """ParamError unless 0 <= minWorkers <= the workers (``workers_param``) and
+        slotWaitSeconds is a finite number of seconds above 0."""
+        least, workers = self.getOrDefault("minWorkers"), self.getOrDefault(workers_param)
+        if not 0 <= least <= workers:
+            raise ParamError(f"minWorkers={least}: use 0 (all {workers_param}) to "
+                             f"{workers_param}={workers}.")
+        check_timeout("slotWaitSeconds", self.getOrDefault("slotWaitSeconds"))
+
+    def elastic_plan(self, workers_param: str, **extra: Any) -> Any:
+        """The Params as a :class:`sparkdist.launch.elastic.ElasticPlan` (``extra``: its
+        other fields)."""
+        from sparkdist.launch.elastic import ElasticPlan
+
+        get = self.getOrDefault
+        return ElasticPlan(min_workers=get("minWorkers") or get(workers_param),
+                           slot_wait_s=get("slotWaitSeconds"), param="minWorkers", **extra)
 
 
 class HasRecovery(Params):
     """checkpointDir, checkpointEvery, keepCheckpoints, runId, resume and maxRetries."""
+
+    #: Every Param of the estimator: True when it shapes the training trajectory (in the
+    #: resume fingerprint), False when not (see the module docstring).
+    _trajectory: ClassVar[dict[str, bool]] = {}
 
     checkpointDir: Param[str] = Param(
         Params._dummy(), "checkpointDir",
@@ -78,6 +134,12 @@ class HasRecovery(Params):
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self._setDefault(checkpointEvery=1, keepCheckpoints=3, maxRetries=3, resume="auto")
+
+    def _trajectory_values(self) -> dict[str, Any]:
+        """{name: value} of the defined Params that shape the trajectory: the Params part of
+        the resume fingerprint."""
+        return {name: self.getOrDefault(name) for name, shapes in self._trajectory.items()
+                if shapes and self.isDefined(name)}
 
     def checkpoint_location(self, spark: Any,
                             spark_retries: bool = True) -> tuple[str | None, str]:

@@ -1,138 +1,73 @@
-"""TorchEstimator's checks, all before anything is launched: its Params, the input's schema
-(turned into the ``features``/``label``/``is_validation`` columns the training stage reads), one
-pass over the data (rows, vector lengths, bad values, label range), and the network itself on
-two rows of zeros. Also the scoring side's check of a DataFrame's features."""
+"""TorchEstimator's checks of the data and the network, all before anything is launched: the
+input's schema (turned into the ``features``/``label``/``is_validation`` columns the training
+stage reads), one pass over the data (rows, vector lengths, bad values, label range), and the
+network itself on two rows of zeros; also a loaded model's weights and the scoring side's
+check of a DataFrame's features. The Params are checked where they become the typed spec
+(:mod:`sparkdist.torchtrain.spec`). Functions of plain values and spec parts: this module
+knows no estimator class (sparkdist.models.torch imports it, never the other way)."""
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from pyspark.ml.linalg import VectorUDT
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, BooleanType, NumericType, StructType
 
-from sparkdist.columns import (
-    check_one_of,
-    check_timeout,
-    col,
-    empty_data_error,
-    require_columns,
-    require_numeric,
-)
+from sparkdist.columns import col, empty_data_error, require_columns, require_numeric
 from sparkdist.exceptions import ModelLoadError, ParamError, SchemaError
 from sparkdist.models._recovery import content_hash
-from sparkdist.torchtrain import compression, datacheck, loop, strategies
-from sparkdist.torchtrain.strategies import STRATEGIES
+from sparkdist.torchtrain import datacheck, network, strategies
+from sparkdist.torchtrain.spec import DataRules, TrainSpec
 
-if TYPE_CHECKING:
-    from sparkdist.models.torch import TorchEstimator, TorchModel
-
-USE_GPU = ("auto", True, False)
-PIPELINE_SCHEDULES = ("gpipe", "1f1b")
-COMPRESSIONS = ("none", "fp16", "bf16", "powersgd")
-QUANTIZATIONS = ("none", "int8")
-NAN_POLICIES = ("error", "drop")
-TIMEOUT_PARAMS = ("timeoutSeconds", "rendezvousTimeoutSeconds", "slotWaitSeconds")
 _INDEX_STRINGS = "index string labels with FeatureAssembler(labelCol=...) or cast to double."
 
 
-def check_params(est: TorchEstimator) -> None:
-    """Every Param in its range and among its choices: ParamError naming it."""
-    get = est.getOrDefault
-    for name, low in (("batchSize", 1), ("epochs", 1), ("numWorkers", 1),
-                      ("earlyStoppingPatience", 0), ("numClasses", 0),
-                      ("checkpointEverySteps", 0), ("pipelineStages", 0), ("microBatches", 1),
-                      ("syncEvery", 1), ("syncWarmupSteps", 0), ("maxStaleness", 0),
-                      ("powerSgdRank", 1), ("minWorkers", 0)):
-        if get(name) < low:
-            raise ParamError(f"{name}={get(name)}: use {low} or more.")
-    if not 0 < get("learningRate") < math.inf:
-        raise ParamError(f"learningRate={get('learningRate')}: use a positive number.")
-    for name in TIMEOUT_PARAMS:
-        check_timeout(name, get(name))
-    if get("weightDecay") < 0 or not 0 <= get("validationFraction") < 1:
-        raise ParamError("weightDecay must be >= 0 and validationFraction in [0, 1); got "
-                         f"{get('weightDecay')} and {get('validationFraction')}.")
-    check_one_of("optimizer", get("optimizer"), loop.OPTIMIZERS)
-    check_one_of("nanPolicy", get("nanPolicy"), NAN_POLICIES)
-    check_one_of("useGpu", get("useGpu"), USE_GPU)
-    check_one_of("strategy", get("strategy"), STRATEGIES)
-    check_one_of("pipelineSchedule", get("pipelineSchedule"), PIPELINE_SCHEDULES)
-    check_one_of("gradientCompression", get("gradientCompression"), COMPRESSIONS)
-    check_one_of("quantization", get("quantization"), QUANTIZATIONS)
-    if get("minWorkers") > get("numWorkers"):
-        raise ParamError(f"minWorkers={get('minWorkers')} is more than numWorkers="
-                         f"{get('numWorkers')}: use at most numWorkers (0: numWorkers).")
-    from sparkdist.torchtrain.backends import BACKENDS, HOROVOD_INSTALL, horovod_available
-
-    check_one_of("backend", get("backend"), BACKENDS)
-    compression.check_combination(get)
-    if get("backend") == "horovod" and not horovod_available():
-        raise ParamError(f"backend='horovod': {HOROVOD_INSTALL}")
-    if get("earlyStoppingPatience") and not has_validation(est):
-        raise ParamError("earlyStoppingPatience needs validation rows: set "
-                         "validationFraction or validationCol.")
-
-
-def has_validation(est: TorchEstimator) -> bool:
-    return est.isSet("validationCol") or est.getOrDefault("validationFraction") > 0
-
-
-def prepare(est: TorchEstimator, dataset: DataFrame) -> DataFrame:
-    """Columns ``features`` (array<float>), ``label`` (float), ``is_validation``."""
-    label = est.getOrDefault("labelCol")
-    columns = est.featureSource() + [label]
-    if est.isSet("validationCol"):
-        columns.append(est.getOrDefault("validationCol"))
+def prepare(dataset: DataFrame, source: list[str], label: str, validation_col: str | None,
+            fraction: float, seed: int) -> DataFrame:
+    """Columns ``features`` (array<float>), ``label`` (float), ``is_validation``: the rows of
+    ``validation_col`` where given, else a seeded hash split holding out ``fraction``."""
+    columns = source + [label] + ([validation_col] if validation_col else [])
     require_columns(dataset.schema, columns, "TorchEstimator")
-    features = features_array(dataset.schema, est.featureSource())
+    features = features_array(dataset.schema, source)
     require_numeric(dataset.schema, label, "labelCol", _INDEX_STRINGS)
+    if validation_col:
+        flag = _validation_flag(dataset.schema, validation_col)
+    else:  # a seeded hash of the row: the same rows are held out on every run and retry
+        bucket = F.abs(F.xxhash64(features, F.lit(seed))) % 10**6
+        flag = bucket < F.lit(int(fraction * 10**6)) if fraction else F.lit(False)
     return dataset.select(features.alias("features"),
                           col(label).cast("float").alias("label"),
-                          _validation_flag(est, dataset, features).alias("is_validation"))
+                          flag.alias("is_validation"))
 
 
-def _validation_flag(est: TorchEstimator, dataset: DataFrame, features: Any) -> Any:
-    if est.isSet("validationCol"):
-        name = est.getOrDefault("validationCol")
-        if not isinstance(dataset.schema[name].dataType, BooleanType):
-            raise SchemaError(f"validationCol: column '{name}' has type "
-                              f"{dataset.schema[name].dataType.simpleString()}; it must be "
-                              f"boolean (true marks validation rows).")
-        return F.coalesce(col(name), F.lit(False))
-    fraction = est.getOrDefault("validationFraction")
-    # a seeded hash of the row: the same rows are held out on every run and retry
-    bucket = F.abs(F.xxhash64(features, F.lit(est.getOrDefault("seed")))) % 10**6
-    return bucket < F.lit(int(fraction * 10**6)) if fraction else F.lit(False)
+def _validation_flag(schema: StructType, name: str) -> Any:
+    if not isinstance(schema[name].dataType, BooleanType):
+        raise SchemaError(f"validationIndicatorCol: column '{name}' has type "
+                          f"{schema[name].dataType.simpleString()}; it must be "
+                          f"boolean (true marks validation rows).")
+    return F.coalesce(col(name), F.lit(False))
 
 
-def rules(est: TorchEstimator) -> dict[str, Any]:
-    """The Params :func:`datacheck.check_stats` applies, as plain values (they travel to the
-    training ranks)."""
-    get = est.getOrDefault
-    return {"source": ", ".join(est.featureSource()), "label_col": get("labelCol"),
-            "nan_policy": get("nanPolicy"), "batch_size": get("batchSize"),
-            "loss": get("loss"), "num_classes": get("numClasses")}
-
-
-def check_data(est: TorchEstimator, prepared: DataFrame, identity: bool = False) -> dict[str, Any]:
+def check_data(prepared: DataFrame, rules: DataRules, identity: bool = False) -> dict[str, Any]:
     """One Spark job over the data, for fits that must read it before launch (a class count
     to infer, a resume fingerprint): rows, vector lengths, bad values, label range, checked by
     :func:`datacheck.check_stats`; with ``identity`` also the content hash of the rows (the
     resume fingerprint's data identity)."""
     extra = [content_hash("features", "label", "is_validation")] if identity else []
     stats = prepared.agg(*_data_aggregates(), *extra).collect()[0].asDict()
-    datacheck.check_stats(stats, rules(est))
+    datacheck.check_stats(stats, rules)
     return stats
 
 
-def input_width(est: TorchEstimator, schema: StructType, prepared: DataFrame) -> int | None:
+def input_width(schema: StructType, source: list[str], prepared: DataFrame) -> int | None:
     """Features per row, from the schema when it tells (numeric columns, a vector with ML
     attribute metadata), else from the first row: a job that reads one row, not the data.
     None when the first row cannot tell (a null vector); SchemaError for no rows at all."""
-    width = schema_width(schema, est.featureSource())
+    width = schema_width(schema, source)
     if width is not None:
         return width
     row = prepared.select(F.size("features").alias("width")).first()
@@ -153,58 +88,59 @@ def schema_width(schema: StructType, columns: list[str]) -> int | None:
     return int(width) if width else None
 
 
-def check_model(spec: dict[str, Any]) -> None:
-    """Build the network on the driver and run two rows of zeros through it."""
+def check_model(spec: TrainSpec) -> None:
+    """Build the network on the driver and run two rows of zeros through it; then the
+    strategy's preflight."""
     import torch
 
+    model = spec.model
     try:
-        module = loop.build_module(spec["module"], spec["module_kwargs"], spec["input_dim"],
-                                   spec["output_dim"])
+        module = network.build_module(model.module, model.module_kwargs, model.input_dim,
+                                   model.output_dim)
         module.eval()
         with torch.no_grad():
-            output = module(torch.zeros(2, spec["input_dim"]))
+            output = module(torch.zeros(2, model.input_dim))
     except Exception as err:
-        raise ParamError(f"model={spec['module_name']!r} with modelKwargs="
-                         f"{spec['module_kwargs']} fails on input of shape "
-                         f"(2, {spec['input_dim']}): {type(err).__name__}: {err}") from err
+        raise ParamError(f"model={model.module_name!r} with modelKwargs="
+                         f"{model.module_kwargs} fails on input of shape "
+                         f"(2, {model.input_dim}): {type(err).__name__}: {err}") from err
     width = int(math.prod(output.shape[1:])) if output.dim() > 1 else 1
-    if output.shape[0] != 2 or width != spec["output_dim"]:
-        raise ParamError(f"model={spec['module_name']!r} returns shape "
-                         f"{tuple(output.shape)} for 2 rows, but loss='{spec['loss']}' "
-                         f"needs {spec['output_dim']} output(s) per row; set the model's "
-                         f"output size (modelKwargs) to {spec['output_dim']}.")
+    if output.shape[0] != 2 or width != model.output_dim:
+        raise ParamError(f"model={model.module_name!r} returns shape "
+                         f"{tuple(output.shape)} for 2 rows, but loss='{model.loss}' "
+                         f"needs {model.output_dim} output(s) per row; set the model's "
+                         f"output size (modelKwargs) to {model.output_dim}.")
     strategies.check(spec, module)
 
 
-def check_weights(model: TorchModel, network: type, where: str) -> None:
-    """A loaded model's weights against ``network`` (the class its ``model`` names) built with
-    its saved ``modelKwargs``: ModelLoadError naming ``where`` and the first differences
-    unless every tensor name and shape matches. The network is never allocated from the
-    (untrusted) saved kwargs: see :func:`network_shapes`."""
-    weights = model._weights
-    spec = {"module": network, "module_name": model.getOrDefault("model"),
-            "module_kwargs": model.getOrDefault("modelKwargs") or {},
-            "input_dim": model._info["input_dim"], "output_dim": model._info["output_dim"]}
+def check_weights(weights: dict[str, Any], module_class: type, name: str,
+                  kwargs: dict[str, Any], dims: tuple[int, int], where: str) -> None:
+    """A loaded model's weights against ``module_class`` (the class its ``model`` Param ``name``
+    resolves to) built with its saved ``modelKwargs`` and (input, output) ``dims``:
+    ModelLoadError naming ``where`` and the first differences unless every tensor name and
+    shape matches. The network is never allocated from the (untrusted) saved kwargs: see
+    :func:`network_shapes`."""
     # generous for any network these weights fit; far below what an edited kwarg can ask
     budget = (4 * sum(t.numel() * t.element_size() for t in weights.values()) + 2**28,
               64 * len(weights) + 10_000)
     try:
-        shapes = network_shapes(spec, *budget)
+        shapes = network_shapes(lambda: network.build_module(module_class, kwargs, *dims),
+                                *budget)
     except Exception as err:
-        raise ModelLoadError(f"'{where}': model={spec['module_name']!r} with modelKwargs="
-                             f"{spec['module_kwargs']} cannot be built ({type(err).__name__}: "
-                             f"{err}); the metadata was edited or does not belong to these "
-                             "weights. Save the model again.") from err
-    saved = {name: tuple(tensor.shape) for name, tensor in weights.items()}
+        raise ModelLoadError(f"'{where}': model={name!r} with modelKwargs={kwargs} cannot be "
+                             f"built ({type(err).__name__}: {err}); the metadata was edited "
+                             "or does not belong to these weights. Save the model again.") \
+            from err
+    saved = {key: tuple(tensor.shape) for key, tensor in weights.items()}
     if shapes == saved:
         return
-    differences = ([f"{name!r} missing" for name in shapes if name not in saved]
-                   + [f"{name!r} unexpected" for name in saved if name not in shapes]
-                   + [f"{name!r} is {saved[name]}, not {shape}" for name, shape
-                      in shapes.items() if name in saved and saved[name] != shape])
+    differences = ([f"{key!r} missing" for key in shapes if key not in saved]
+                   + [f"{key!r} unexpected" for key in saved if key not in shapes]
+                   + [f"{key!r} is {saved[key]}, not {shape}" for key, shape
+                      in shapes.items() if key in saved and saved[key] != shape])
     counts = [sum(math.prod(shape) for shape in d.values()) for d in (shapes, saved)]
-    raise ModelLoadError(f"'{where}': its weights do not fit model={spec['module_name']!r} "
-                         f"with modelKwargs={spec['module_kwargs']}: the network has "
+    raise ModelLoadError(f"'{where}': its weights do not fit model={name!r} "
+                         f"with modelKwargs={kwargs}: the network has "
                          f"{counts[0]} values in {len(shapes)} tensors, the weights {counts[1]} "
                          f"in {len(saved)} ({'; '.join(differences[:4])}"
                          f"{f'; {len(differences) - 4} more' if len(differences) > 4 else ''}). "
@@ -212,19 +148,15 @@ def check_weights(model: TorchModel, network: type, where: str) -> None:
                          "save the model again.")
 
 
-def network_shapes(spec: dict[str, Any], max_bytes: int,
+def network_shapes(build: Callable[[], Any], max_bytes: int,
                    max_ops: int) -> dict[str, tuple[int, ...]]:
-    """Names and shapes of the state dict of the network ``spec`` describes, without
+    """Names and shapes of the state dict of the network ``build()`` makes, without
     allocating it: built on the ``meta`` device. A constructor that cannot run there (it
     reads a value, e.g. ``.item()``) is built on the CPU instead, every allocation counted
     before it happens and refused past ``max_bytes`` (:func:`_allocation_budget`, also
     around the meta build, for tensors a constructor puts on the CPU explicitly, and capping
     the tensor operations at ``max_ops``: a kwarg asking for millions of tiny layers)."""
     import torch
-
-    def build() -> Any:
-        return loop.build_module(spec["module"], spec["module_kwargs"], spec["input_dim"],
-                                 spec["output_dim"])
 
     budgeted = _allocation_budget(max_bytes, max_ops)
     try:
@@ -357,9 +289,6 @@ def features_array(schema: StructType, columns: list[str]) -> Any:
                       f"(FeatureAssembler builds a vector from any columns).")
 
 
-
-
-
 def _bad_value(column: Any) -> Any:
     return column.isNull() | F.isnan(column) | (F.abs(column) == F.lit(float("inf")))
 
@@ -389,5 +318,3 @@ def _data_aggregates() -> list[Any]:
             F.count_if(~good_row()).alias("bad_rows"),
             F.min(good_label).alias("min_label"), F.max(good_label).alias("max_label"),
             F.count_if(good_label != F.floor(good_label)).alias("fractional")]
-
-

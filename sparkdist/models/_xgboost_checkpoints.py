@@ -73,7 +73,7 @@ from pyspark import StorageLevel
 from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame
 
-from sparkdist import failpoints
+from sparkdist import _internals, failpoints
 from sparkdist.exceptions import ParamError, TrainingError
 from sparkdist.launch.barrier import worker_message
 from sparkdist.launch.elastic import ElasticPlan
@@ -141,7 +141,7 @@ def chunk_end(done: int, rounds: int, every: int) -> int:
 
 
 def fit_in_chunks(new_inner: Callable[[], Any], dataset: DataFrame, plan: ChunkPlan,
-                  failpoint: dict[str, Any] | None = None) -> tuple[bytes, dict[str, Any]]:
+                  failpoint: failpoints.Failpoint | None = None) -> tuple[bytes, dict[str, Any]]:
     """Boost ``plan.rounds`` rounds in checkpointed chunks, resuming and retrying as needed.
 
     Parameters
@@ -258,7 +258,7 @@ def _resume(store: Checkpoints, plan: ChunkPlan) -> tuple[int, bytes | None]:
 
 
 def _fit_chunk(inner: Any, dataset: DataFrame, raw: bytes | None, done: int, end: int,
-               failpoint: dict[str, Any] | None, workers: int | None = None,
+               failpoint: failpoints.Failpoint | None, workers: int | None = None,
                elastic: ElasticPlan | None = None) -> bytes:
     """Boost rounds ``done+1..end`` on top of ``raw`` (None: from scratch); the new booster.
     Raises _ChunkFailed when a Spark job of the chunk fails, or (``workers`` given: an
@@ -392,7 +392,7 @@ def _ended_tasks(sc: Any, group: str, wait_s: float = 15.0) -> list[tuple[str, i
     were killed in the group's failed jobs, first to end first. Spark's status store is
     updated asynchronously: waits (at most ``wait_s``) until the group's jobs and their
     stages' tasks are no longer running."""
-    tracker, store = sc.statusTracker(), sc._jsc.sc().statusStore()
+    tracker, store = sc.statusTracker(), _internals.java_spark_context(sc).statusStore()
     deadline = time.monotonic() + wait_s
     jobs = _settled(lambda: [tracker.getJobInfo(job) for job in tracker.getJobIdsForGroup(group)],
                     lambda infos: all(info is None or info.status != "RUNNING"
@@ -447,7 +447,7 @@ class _FailpointCallback(xgboost.callback.TrainingCallback):
     """The ``xgboost.round`` failpoint, added only when one is armed: after each boosting round,
     numbered from the start of the whole fit (1-based)."""
 
-    def __init__(self, failpoint: dict[str, Any], first_round: int) -> None:
+    def __init__(self, failpoint: failpoints.Failpoint, first_round: int) -> None:
         super().__init__()
         self.failpoint, self.first_round = failpoint, first_round
 

@@ -44,15 +44,16 @@ from pyspark import InheritableThread, keyword_only
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.recommendation import ALS as _MLlibALS
 from pyspark.ml.recommendation import ALSModel as _MLlibALSModel
-from pyspark.ml.recommendation import _ALSModelParams as _MLlibALSModelParams
-from pyspark.ml.recommendation import _ALSParams as _MLlibALSParams
 from pyspark.ml.wrapper import JavaModel
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
 from sparkdist import store
+from sparkdist._internals import ALSModelParams as _MLlibALSModelParams
+from sparkdist._internals import ALSParams as _MLlibALSParams
 from sparkdist.columns import check_one_of, col, require_columns
 from sparkdist.exceptions import ClusterConfigError
+from sparkdist.models._accessors_als import _ALSAccessors, _ALSModelAccessors
 from sparkdist.models._als_checks import check_ratings_schema, check_ratings_values
 from sparkdist.models._als_ids import (
     _I,
@@ -112,7 +113,7 @@ class _ALSParams(_ALSModelParams, _MLlibALSParams):
         return self.getOrDefault(self.duplicatePolicy)
 
 
-class ALS(MLlibEstimator, _ALSParams):
+class ALS(MLlibEstimator, _ALSParams, _ALSAccessors):
     """Alternating least squares on ratings with ids of any type.
 
     Parameters are MLlib's (same names and defaults) except ``coldStartStrategy="drop"``;
@@ -131,6 +132,15 @@ class ALS(MLlibEstimator, _ALSParams):
     """
 
     _mllib_estimator = _MLlibALS
+    _trajectory = {  # the storage, checkpoint and scoring Params do not shape the factors
+        **dict.fromkeys((
+            "alpha", "duplicatePolicy", "implicitPrefs", "itemCol", "maxIter", "nonnegative",
+            "numItemBlocks", "numUserBlocks", "rank", "ratingCol", "regParam", "seed",
+            "userCol"), True),
+        **dict.fromkeys(("blockSize", "checkpointInterval", "coldStartStrategy",
+                         "finalStorageLevel", "intermediateStorageLevel", "predictionCol"),
+                        False),
+    }
     _input_kwargs: dict[str, Any]
 
     @keyword_only
@@ -257,7 +267,7 @@ class ALS(MLlibEstimator, _ALSParams):
         return pairs.select(_U, _I, _R)
 
 
-class ALSModel(MLlibModel, _ALSModelParams):
+class ALSModel(MLlibModel, _ALSModelParams, _ALSModelAccessors):
     """A fitted :class:`ALS`: predictions and recommendations in the original ids.
 
     ``mllib_model`` is the wrapped MLlib model; it works on the internal int indices.

@@ -13,9 +13,20 @@ from typing import Any, ClassVar
 from pyspark import keyword_only
 from pyspark.ml import classification as mllib_classification
 from pyspark.ml import regression as mllib_regression
-from pyspark.ml.base import _PredictorParams
 from pyspark.sql import DataFrame
 
+from sparkdist._internals import (
+    PredictorParams,
+    ProbabilisticClassifierParams,
+    RandomForestClassifierParams,
+    RandomForestRegressorParams,
+)
+from sparkdist.models._accessors_forest import (
+    _RandomForestClassificationModelAccessors,
+    _RandomForestClassifierAccessors,
+    _RandomForestRegressionModelAccessors,
+    _RandomForestRegressorAccessors,
+)
 from sparkdist.models._classification import (
     _ClassWeightParams,
     _ThresholdTuningParams,
@@ -29,20 +40,30 @@ from sparkdist.models._labels import check_label
 from sparkdist.models._mllib import MLlibEstimator, MLlibModel, delegated
 
 
-class _RFClassifierParams(mllib_classification._ProbabilisticClassifierParams,
-                          mllib_classification._RandomForestClassifierParams,
+class _RFClassifierParams(ProbabilisticClassifierParams, RandomForestClassifierParams,
                           _ClassWeightParams, _ThresholdTuningParams):
     """MLlib's random forest classifier Params (column names included) plus classWeight,
     thresholdMetric and validationFraction."""
 
 
-class _RFRegressorParams(_PredictorParams, mllib_regression._RandomForestRegressorParams):
+class _RFRegressorParams(PredictorParams, RandomForestRegressorParams):
     """MLlib's random forest regressor Params (column names included), with a
     process-independent default seed."""
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self._setDefault(seed=stable_seed(type(self).__name__))
+
+
+#: The Params of both forests by the fingerprint policy (see ``MLlibEstimator``): the
+#: caching and output Params do not shape the ensemble.
+_FOREST_TRAJECTORY: dict[str, bool] = {
+    **dict.fromkeys((
+        "bootstrap", "featureSubsetStrategy", "featuresCol", "impurity", "labelCol", "maxBins",
+        "maxDepth", "maxMemoryInMB", "minInfoGain", "minInstancesPerNode",
+        "minWeightFractionPerNode", "numTrees", "seed", "subsamplingRate", "weightCol"), True),
+    **dict.fromkeys(("cacheNodeIds", "checkpointInterval", "leafCol", "predictionCol"), False),
+}
 
 
 class _ForestModel:
@@ -59,7 +80,8 @@ class _ForestModel:
 
 # getNumTrees is a property on MLlib's forest models too (it shadows the Param getter there).
 class RandomForestClassificationModel(_ForestModel, _TunedModel, MLlibModel,  # type: ignore[misc]
-                                      _RFClassifierParams):
+                                      _RFClassifierParams,
+                                      _RandomForestClassificationModelAccessors):
     """A fitted :class:`RandomForestClassifier`.
 
     Examples
@@ -78,7 +100,7 @@ class RandomForestClassificationModel(_ForestModel, _TunedModel, MLlibModel,  # 
 
 
 class RandomForestRegressionModel(_ForestModel, MLlibModel,  # type: ignore[misc]
-                                  _RFRegressorParams):
+                                  _RFRegressorParams, _RandomForestRegressionModelAccessors):
     """A fitted :class:`RandomForestRegressor`.
 
     Examples
@@ -95,7 +117,8 @@ class RandomForestRegressionModel(_ForestModel, MLlibModel,  # type: ignore[misc
     task: ClassVar[str] = "regression"
 
 
-class RandomForestClassifier(_TunedClassifier, MLlibEstimator, _RFClassifierParams):
+class RandomForestClassifier(_TunedClassifier, MLlibEstimator, _RFClassifierParams,
+                             _RandomForestClassifierAccessors):
     """A random forest classifier trained by MLlib, with optional balanced class weights and a
     decision threshold tuned for a metric (binary labels).
 
@@ -125,6 +148,9 @@ class RandomForestClassifier(_TunedClassifier, MLlibEstimator, _RFClassifierPara
     """
 
     _mllib_estimator = mllib_classification.RandomForestClassifier
+    _trajectory = {**_FOREST_TRAJECTORY, "classWeight": True, "thresholdMetric": True,
+                   "validationFraction": True, "pruneTree": True, "probabilityCol": False,
+                   "rawPredictionCol": False, "thresholds": False}
     _model_class = RandomForestClassificationModel
     task: ClassVar[str] = "classification"
 
@@ -161,7 +187,7 @@ class RandomForestClassifier(_TunedClassifier, MLlibEstimator, _RFClassifierPara
         return set_given(self, self._input_kwargs)  # type: ignore[attr-defined]
 
 
-class RandomForestRegressor(MLlibEstimator, _RFRegressorParams):
+class RandomForestRegressor(MLlibEstimator, _RFRegressorParams, _RandomForestRegressorAccessors):
     """A random forest regressor trained by MLlib.
 
     All parameters are MLlib's, with MLlib's defaults (``seed`` excepted, see the module).
@@ -180,6 +206,7 @@ class RandomForestRegressor(MLlibEstimator, _RFRegressorParams):
     """
 
     _mllib_estimator = mllib_regression.RandomForestRegressor
+    _trajectory = _FOREST_TRAJECTORY
     _model_class = RandomForestRegressionModel
     task: ClassVar[str] = "regression"
 

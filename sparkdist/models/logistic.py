@@ -17,9 +17,14 @@ from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.wrapper import JavaModel
 from pyspark.sql import DataFrame
 
+from sparkdist._internals import LogisticRegressionParams
 from sparkdist.columns import check_one_of
 from sparkdist.exceptions import ParamError
 from sparkdist.models import _lr_allreduce
+from sparkdist.models._accessors_logistic import (
+    _LogisticRegressionAccessors,
+    _LogisticRegressionModelAccessors,
+)
 from sparkdist.models._classification import (
     WEIGHT_COL,
     _ClassWeightParams,
@@ -32,7 +37,7 @@ from sparkdist.models._classification import (
 from sparkdist.models._mllib import MLlibEstimator, MLlibModel, copy_shared_params, delegated
 
 
-class _LRParams(mllib._LogisticRegressionParams, _ClassWeightParams, _ThresholdTuningParams):
+class _LRParams(LogisticRegressionParams, _ClassWeightParams, _ThresholdTuningParams):
     """MLlib's logistic regression Params plus solver, classWeight, thresholdMetric,
     validationFraction and seed (which only seeds the validation split)."""
 
@@ -55,7 +60,8 @@ class _LRParams(mllib._LogisticRegressionParams, _ClassWeightParams, _ThresholdT
         return self.getOrDefault(self.solver)
 
 
-class LogisticRegressionModel(_TunedModel, MLlibModel, _LRParams):
+class LogisticRegressionModel(_TunedModel, MLlibModel, _LRParams,
+                              _LogisticRegressionModelAccessors):
     """A fitted :class:`LogisticRegression`; ``transform`` adds rawPrediction, probability and
     prediction columns exactly as MLlib's model does.
 
@@ -90,7 +96,7 @@ class LogisticRegressionModel(_TunedModel, MLlibModel, _LRParams):
                         "areaUnderROC, roc, ...), computed on first use.")
 
 
-class LogisticRegression(_TunedClassifier, MLlibEstimator, _LRParams):
+class LogisticRegression(_TunedClassifier, MLlibEstimator, _LRParams, _LogisticRegressionAccessors):
     """Logistic regression trained by MLlib, with optional balanced class weights and a
     decision threshold tuned for a metric.
 
@@ -135,6 +141,16 @@ class LogisticRegression(_TunedClassifier, MLlibEstimator, _LRParams):
     _mllib_estimator = mllib.LogisticRegression
     _model_class = LogisticRegressionModel
     task: ClassVar[str] = "classification"
+    _trajectory = {
+        **dict.fromkeys((
+            "aggregationDepth", "classWeight", "elasticNetParam", "family", "featuresCol",
+            "fitIntercept", "labelCol", "lowerBoundsOnCoefficients", "lowerBoundsOnIntercepts",
+            "maxBlockSizeInMB", "maxIter", "regParam", "seed", "solver", "standardization",
+            "thresholdMetric", "tol", "upperBoundsOnCoefficients", "upperBoundsOnIntercepts",
+            "validationFraction", "weightCol"), True),
+        **dict.fromkeys(("predictionCol", "probabilityCol", "rawPredictionCol", "threshold",
+                         "thresholds"), False),
+    }
 
     @keyword_only
     def __init__(self, *, featuresCol: str = "features", labelCol: str = "label",

@@ -12,7 +12,7 @@ unchanged. A model saves its Params and history as JSON and its weights as a ``t
 state dict, loaded with ``weights_only=True``; the network class is stored by qualified name.
 
 The ``model`` and ``loss`` Params hold names. A class or function given in code is stored by
-its qualified name and recorded in this process (:func:`sparkdist.torchtrain.loop.to_name`), so
+its qualified name and recorded in this process (:func:`sparkdist.torchtrain.network.to_name`), so
 ``setParams``, ``copy`` and CrossValidator grids train the class asked for. Before anything is
 called, the driver resolves ``model`` to an ``nn.Module`` subclass and ``loss`` to a built-in
 loss, an ``nn.Module`` loss class or a function given in code, and ships the resolved objects
@@ -44,7 +44,9 @@ Examples
 from __future__ import annotations
 
 import logging
-from typing import Any
+import sys
+import warnings
+from typing import Any, ClassVar
 
 from pyspark import keyword_only
 from pyspark.ml import Estimator, Model
@@ -61,75 +63,50 @@ from pyspark.ml.util import MLReader
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from sparkdist import failpoints
+from sparkdist import hooks
 from sparkdist.columns import check_one_of, require_columns
 from sparkdist.exceptions import ModelLoadError, ParamError
 from sparkdist.launch.preflight import preflight
 from sparkdist.models import _torch_checks as checks
 from sparkdist.models._classification import stable_seed
-from sparkdist.models._recovery import HasRecovery, data_identity
+from sparkdist.models._recovery import (
+    ELASTIC_TRAJECTORY,
+    RECOVERY_TRAJECTORY,
+    HasElastic,
+    HasRecovery,
+    data_identity,
+)
 from sparkdist.persist import ParamsPersistence, PersistentModel
-from sparkdist.torchtrain import inference, launch, loop, straggle
+from sparkdist.torchtrain import inference, launch, loop, network, strategies
+from sparkdist.torchtrain.params import (
+    TRAJECTORY,
+    HasCommunication,
+    HasDataRules,
+    HasLaunch,
+    HasNetwork,
+    HasOptimization,
+    HasScoring,
+    HasStepCheckpoints,
+)
+from sparkdist.torchtrain.spec import QUANTIZATIONS, ScoreSpec, TrainSpec
+from sparkdist.torchtrain.strategies.params import TRAJECTORY as STRATEGY_TRAJECTORY
+from sparkdist.torchtrain.strategies.params import HasStrategy
 
 _LOG = logging.getLogger(__name__)
 WEIGHTS_FILE = "weights.pt"
-#: The TorchEstimator Params in the resume fingerprint (with the data identity).
-_TRAJECTORY_PARAMS = ("model", "modelKwargs", "loss", "optimizer", "learningRate",
-                      "weightDecay", "batchSize", "epochs", "seed", "numWorkers", "backend",
-                      "validationFraction", "earlyStoppingPatience", "numClasses", "nanPolicy",
-                      "strategy", "fsdpWrap", "mixedPrecision", "pipelineStages",
-                      "pipelineSplitPoints", "microBatches", "pipelineSchedule", "syncEvery",
-                      "syncWarmupSteps", "maxStaleness", "gradientCompression", "powerSgdRank")
-
-
-def _use_gpu(value: Any) -> Any:
-    if isinstance(value, str) and value.lower() in ("true", "false"):
-        return value.lower() == "true"
-    return value
+#: validationCol was renamed validationIndicatorCol (pyspark's name); the old name is
+#: accepted, with a FutureWarning, for one release.
+_RENAMED = {"validationCol": "validationIndicatorCol"}
 
 
 class _TorchParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasProbabilityCol,
-                   HasRawPredictionCol):
-    """Params shared by TorchEstimator and TorchModel."""
+                   HasRawPredictionCol, HasNetwork, HasScoring):
+    """Params shared by TorchEstimator and TorchModel: the columns, the network, scoring."""
 
     featureCols: Param[list[str]] = Param(
         Params._dummy(), "featureCols",
         "numeric columns to use as the features instead of featuresCol (a vector or array)",
         typeConverter=TypeConverters.toListString)
-    model: Param[str] = Param(
-        Params._dummy(), "model",
-        "the nn.Module subclass, or its qualified name 'package.module.Class' in a module "
-        "this process has imported (a class given is stored by its name)",
-        typeConverter=loop.to_name)
-    modelKwargs: Param[dict] = Param(
-        Params._dummy(), "modelKwargs",
-        "JSON-able constructor arguments of the model; input_dim/output_dim are filled in "
-        "from the data when the constructor takes them")
-    loss: Param[str] = Param(
-        Params._dummy(), "loss",
-        f"{sorted(loop.LOSSES)}, an nn.Module loss class, or a function (output, label) -> "
-        "per-row losses (a class or function given is stored by its name)",
-        typeConverter=loop.to_name)
-    batchSize: Param[int] = Param(
-        Params._dummy(), "batchSize",
-        "rows per worker in a training step (as in DDP and Horovod: a step takes batchSize x "
-        "numWorkers rows in all), and rows per scoring batch, >= 1",
-        typeConverter=TypeConverters.toInt)
-    useGpu: Param[Any] = Param(
-        Params._dummy(), "useGpu",
-        "'auto' (the GPU Spark assigned to the task, when there is one), True or False",
-        typeConverter=_use_gpu)
-    quantization: Param[str] = Param(
-        Params._dummy(), "quantization",
-        "scoring: 'none' (float32) or 'int8' (dynamic int8 quantization of the Linear "
-        "layers, CPU)", typeConverter=TypeConverters.toString)
-
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
-        self._setDefault(featuresCol="features", labelCol="label", predictionCol="prediction",
-                         probabilityCol="probability", rawPredictionCol="rawPrediction",
-                         model="sparkdist.torchtrain.nets.MLP", modelKwargs={}, loss="bce",
-                         batchSize=256, useGpu="auto", quantization="none")
 
     def featureSource(self) -> list[str]:
         """The column(s) features come from."""
@@ -138,7 +115,9 @@ class _TorchParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasProbability
         return [self.getOrDefault("featuresCol")]
 
 
-class TorchEstimator(Estimator, _TorchParams, HasSeed, HasRecovery, ParamsPersistence):
+class TorchEstimator(Estimator, _TorchParams, HasSeed, HasOptimization, HasDataRules,
+                     HasCommunication, HasStrategy, HasLaunch, HasStepCheckpoints, HasRecovery,
+                     HasElastic, ParamsPersistence):
     """Train a PyTorch network data-parallel on ``numWorkers`` Spark tasks.
 
     Parameters
@@ -158,7 +137,9 @@ class TorchEstimator(Estimator, _TorchParams, HasSeed, HasRecovery, ParamsPersis
     epochs : passes over the training rows.
     numWorkers : barrier tasks (data-parallel ranks); at most the cluster's task slots.
     backend : 'torch' (DistributedDataParallel, gloo/NCCL) or 'horovod'.
-    validationCol / validationFraction : rows held out for per-epoch validation metrics.
+    validationIndicatorCol / validationFraction : rows held out for per-epoch validation
+        metrics (``validationCol``, the old name of validationIndicatorCol, is accepted with
+        a FutureWarning for one release).
     earlyStoppingPatience : stop after this many epochs without a better validation loss
         (0: off) and keep the best epoch's weights.
     seed : the same seed and numWorkers give the same weights (the default is the same in
@@ -179,6 +160,11 @@ class TorchEstimator(Estimator, _TorchParams, HasSeed, HasRecovery, ParamsPersis
     maxRetries : retries of the failed training stage before the fit fails with the last
         failure's cause.
 
+    The Params come in groups, each declared next to the code that reads it
+    (:mod:`sparkdist.torchtrain.params`, :mod:`sparkdist.torchtrain.strategies.params`,
+    :mod:`sparkdist.models._recovery`); ``_fit`` turns them once into a typed
+    :class:`~sparkdist.torchtrain.spec.TrainSpec`.
+
     Examples
     --------
     >>> est = TorchEstimator(labelCol="cancelled_within_week", loss="cross_entropy",
@@ -191,155 +177,46 @@ class TorchEstimator(Estimator, _TorchParams, HasSeed, HasRecovery, ParamsPersis
     ['prediction', 'rawPrediction', 'probability']
     """
 
-    optimizer: Param[str] = Param(Params._dummy(), "optimizer",
-                                  f"one of {sorted(loop.OPTIMIZERS)}",
-                                  typeConverter=TypeConverters.toString)
-    learningRate: Param[float] = Param(Params._dummy(), "learningRate", "learning rate, > 0",
-                                       typeConverter=TypeConverters.toFloat)
-    weightDecay: Param[float] = Param(Params._dummy(), "weightDecay", "L2 penalty, >= 0",
-                                      typeConverter=TypeConverters.toFloat)
-    epochs: Param[int] = Param(Params._dummy(), "epochs", "passes over the data, >= 1",
-                               typeConverter=TypeConverters.toInt)
-    numWorkers: Param[int] = Param(Params._dummy(), "numWorkers",
-                                   "number of data-parallel tasks, >= 1",
-                                   typeConverter=TypeConverters.toInt)
-    backend: Param[str] = Param(Params._dummy(), "backend", "'torch' or 'horovod'",
-                                typeConverter=TypeConverters.toString)
-    validationCol: Param[str] = Param(Params._dummy(), "validationCol",
-                                      "boolean column: true marks validation rows",
-                                      typeConverter=TypeConverters.toString)
-    validationFraction: Param[float] = Param(
-        Params._dummy(), "validationFraction",
-        "fraction of rows held out for validation by a seeded hash split, in [0, 1)",
-        typeConverter=TypeConverters.toFloat)
-    earlyStoppingPatience: Param[int] = Param(
-        Params._dummy(), "earlyStoppingPatience",
-        "epochs without a better validation loss before stopping; 0 turns it off",
-        typeConverter=TypeConverters.toInt)
-    numClasses: Param[int] = Param(Params._dummy(), "numClasses",
-                                   "classes for cross_entropy; 0 infers max(label) + 1",
-                                   typeConverter=TypeConverters.toInt)
-    nanPolicy: Param[str] = Param(Params._dummy(), "nanPolicy",
-                                  "rows with NaN/inf/null features or label: 'error' or 'drop'",
-                                  typeConverter=TypeConverters.toString)
-    timeoutSeconds: Param[float] = Param(
-        Params._dummy(), "timeoutSeconds",
-        "cancel the fit after this many seconds: > 0 and at most 31536000 (one year; inf is "
-        "refused)", typeConverter=TypeConverters.toFloat)
-    rendezvousTimeoutSeconds: Param[float] = Param(
-        Params._dummy(), "rendezvousTimeoutSeconds",
-        "longest wait in seconds for all workers to start, and for any one "
-        "collective: > 0 and at most 31536000 (one year; inf is refused)",
-        typeConverter=TypeConverters.toFloat)
-    progress: Param[bool] = Param(Params._dummy(), "progress",
-                                  "show a progress bar on the driver",
-                                  typeConverter=TypeConverters.toBoolean)
-    checkpointEverySteps: Param[int] = Param(
-        Params._dummy(), "checkpointEverySteps",
-        "also checkpoint every this many steps within an epoch (a resume continues at that "
-        "step); 0: at epoch ends only", typeConverter=TypeConverters.toInt)
-    strategy: Param[str] = Param(
-        Params._dummy(), "strategy",
-        "how the network is spread over the workers: 'ddp' (a replica each), 'fsdp' "
-        "(parameters, gradients and optimizer state sharded), 'pipeline' (layers split into "
-        "stages) or 'tensor' (Linear layers split)", typeConverter=TypeConverters.toString)
-    fsdpWrap: Param[list[str]] = Param(
-        Params._dummy(), "fsdpWrap",
-        "fsdp: names of the module classes sharded as units of their own (e.g. "
-        "['TransformerBlock']); empty: each top-level child",
-        typeConverter=TypeConverters.toListString)
-    mixedPrecision: Param[bool] = Param(
-        Params._dummy(), "mixedPrecision",
-        "fsdp on GPU executors: compute in bfloat16, keep float32 weights and reduce "
-        "gradients in float32", typeConverter=TypeConverters.toBoolean)
-    pipelineStages: Param[int] = Param(
-        Params._dummy(), "pipelineStages",
-        "pipeline: stages the model's top-level children are split into; numWorkers must "
-        "be a multiple (the rest is data parallel); 0: numWorkers",
-        typeConverter=TypeConverters.toInt)
-    pipelineSplitPoints: Param[list[str]] = Param(
-        Params._dummy(), "pipelineSplitPoints",
-        "pipeline: names of the top-level children that start a new stage (pipelineStages - "
-        "1 of them); empty: split by parameter count", typeConverter=TypeConverters.toListString)
-    microBatches: Param[int] = Param(
-        Params._dummy(), "microBatches",
-        "pipeline: micro-batches each worker's batch is cut into, >= 1",
-        typeConverter=TypeConverters.toInt)
-    pipelineSchedule: Param[str] = Param(
-        Params._dummy(), "pipelineSchedule", "pipeline: 'gpipe' or '1f1b'",
-        typeConverter=TypeConverters.toString)
-    syncEvery: Param[int] = Param(
-        Params._dummy(), "syncEvery",
-        "local SGD: local steps between model averages; 1: every step (DDP)",
-        typeConverter=TypeConverters.toInt)
-    syncWarmupSteps: Param[int] = Param(
-        Params._dummy(), "syncWarmupSteps",
-        "local SGD: fully synchronous steps before local steps start (and before PowerSGD "
-        "compresses), >= 0",
-        typeConverter=TypeConverters.toInt)
-    maxStaleness: Param[int] = Param(
-        Params._dummy(), "maxStaleness",
-        "bounded staleness: steps a fast worker may run ahead of the slowest before it "
-        "waits (a lagging worker skips steps, their batches left out); the fit is then not "
-        "reproducible; 0: off (synchronous, bitwise reproducible)",
-        typeConverter=TypeConverters.toInt)
-    gradientCompression: Param[str] = Param(
-        Params._dummy(), "gradientCompression",
-        "gradients sent as 'none' (float32), 'fp16', 'bf16' or 'powersgd'",
-        typeConverter=TypeConverters.toString)
-    powerSgdRank: Param[int] = Param(
-        Params._dummy(), "powerSgdRank", "powersgd: the rank of the low-rank approximation",
-        typeConverter=TypeConverters.toInt)
-    minWorkers: Param[int] = Param(
-        Params._dummy(), "minWorkers",
-        "elastic: the fewest workers a retried fit may go on with when executors are gone "
-        "for good; 0: numWorkers (never fewer)", typeConverter=TypeConverters.toInt)
-    slotWaitSeconds: Param[float] = Param(
-        Params._dummy(), "slotWaitSeconds",
-        "elastic: longest wait in seconds for minWorkers free task slots before a retry "
-        "fails: > 0 and at most 31536000 (one year; inf is refused)",
-        typeConverter=TypeConverters.toFloat)
-    allowUnencrypted: Param[bool] = Param(
-        Params._dummy(), "allowUnencrypted",
-        "train on a cluster with Spark authentication/encryption on although the gradient "
-        "traffic between workers (gloo, NCCL, Horovod) is not encrypted",
-        typeConverter=TypeConverters.toBoolean)
+    _param_aliases = _RENAMED  # keywords, and Param names a saved estimator may hold
+    _renamed_params = _RENAMED
+    #: The fingerprint policy (sparkdist.models._recovery), from each group's declaration;
+    #: the data identity covers the columns read, so the column Params are not in it.
+    _trajectory: ClassVar[dict[str, bool]] = {
+        **RECOVERY_TRAJECTORY, **ELASTIC_TRAJECTORY, **TRAJECTORY, **STRATEGY_TRAJECTORY,
+        "seed": True, **dict.fromkeys(("featuresCol", "featureCols", "labelCol",
+                                       "predictionCol", "probabilityCol", "rawPredictionCol"),
+                                      False)}
 
     @keyword_only
     def __init__(self, *, model: Any = None, modelKwargs: dict | None = None,
-                 featuresCol: str = "features", featureCols: list[str] | None = None,
-                 labelCol: str = "label", predictionCol: str = "prediction",
-                 probabilityCol: str = "probability", rawPredictionCol: str = "rawPrediction",
-                 loss: str = "bce", optimizer: str = "adam", learningRate: float = 1e-3,
-                 weightDecay: float = 0.0, batchSize: int = 256, epochs: int = 10,
-                 numWorkers: int = 1, useGpu: Any = "auto", backend: str = "torch",
-                 validationCol: str | None = None, validationFraction: float = 0.0,
-                 earlyStoppingPatience: int = 0, numClasses: int = 0,
-                 nanPolicy: str = "error", seed: int | None = None,
-                 timeoutSeconds: float = 86400.0, rendezvousTimeoutSeconds: float = 300.0,
-                 progress: bool = True, checkpointDir: str | None = None,
-                 checkpointEvery: int = 1, checkpointEverySteps: int = 0,
-                 keepCheckpoints: int = 3, runId: str | None = None,
-                 resume: str = "auto", maxRetries: int = 3,
-                 allowUnencrypted: bool = False, strategy: str = "ddp",
-                 fsdpWrap: list[str] | None = None, mixedPrecision: bool = False,
-                 pipelineStages: int = 0, pipelineSplitPoints: list[str] | None = None,
-                 microBatches: int = 4, pipelineSchedule: str = "1f1b", syncEvery: int = 1,
-                 syncWarmupSteps: int = 0, maxStaleness: int = 0,
-                 gradientCompression: str = "none", powerSgdRank: int = 2,
-                 minWorkers: int = 0, slotWaitSeconds: float = 300.0,
-                 quantization: str = "none") -> None:
+                 featuresCol: str | None = None, featureCols: list[str] | None = None,
+                 labelCol: str | None = None, predictionCol: str | None = None,
+                 probabilityCol: str | None = None, rawPredictionCol: str | None = None,
+                 loss: Any = None, optimizer: str | None = None,
+                 learningRate: float | None = None, weightDecay: float | None = None,
+                 batchSize: int | None = None, epochs: int | None = None,
+                 numWorkers: int | None = None, useGpu: Any = None, backend: str | None = None,
+                 validationIndicatorCol: str | None = None, validationCol: str | None = None,
+                 validationFraction: float | None = None,
+                 earlyStoppingPatience: int | None = None, numClasses: int | None = None,
+                 nanPolicy: str | None = None, seed: int | None = None,
+                 timeoutSeconds: float | None = None,
+                 rendezvousTimeoutSeconds: float | None = None, progress: bool | None = None,
+                 checkpointDir: str | None = None, checkpointEvery: int | None = None,
+                 checkpointEverySteps: int | None = None, keepCheckpoints: int | None = None,
+                 runId: str | None = None, resume: str | None = None,
+                 maxRetries: int | None = None, allowUnencrypted: bool | None = None,
+                 strategy: str | None = None, fsdpWrap: list[str] | None = None,
+                 mixedPrecision: bool | None = None, pipelineStages: int | None = None,
+                 pipelineSplitPoints: list[str] | None = None, microBatches: int | None = None,
+                 pipelineSchedule: str | None = None, syncEvery: int | None = None,
+                 syncWarmupSteps: int | None = None, maxStaleness: int | None = None,
+                 gradientCompression: str | None = None, powerSgdRank: int | None = None,
+                 minWorkers: int | None = None, slotWaitSeconds: float | None = None,
+                 quantization: str | None = None) -> None:
+        """Every keyword defaults to its Param's default (None: not set)."""
         super().__init__()
-        self._setDefault(optimizer="adam", learningRate=1e-3, weightDecay=0.0, epochs=10,
-                         numWorkers=1, backend="torch", validationFraction=0.0,
-                         earlyStoppingPatience=0, numClasses=0, nanPolicy="error",
-                         timeoutSeconds=86400.0, rendezvousTimeoutSeconds=300.0,
-                         progress=True, allowUnencrypted=False, checkpointEverySteps=0,
-                         strategy="ddp", fsdpWrap=[], mixedPrecision=False, pipelineStages=0,
-                         pipelineSplitPoints=[], microBatches=4, pipelineSchedule="1f1b",
-                         syncEvery=1, syncWarmupSteps=0, maxStaleness=0,
-                         gradientCompression="none", powerSgdRank=2, minWorkers=0,
-                         slotWaitSeconds=300.0, seed=stable_seed(type(self).__name__))
+        self._setDefault(seed=stable_seed(type(self).__name__))  # the same in every process
         self.setParams(**self._input_kwargs)  # type: ignore[attr-defined]
 
     @keyword_only
@@ -348,87 +225,100 @@ class TorchEstimator(Estimator, _TorchParams, HasSeed, HasRecovery, ParamsPersis
         its qualified name)."""
         return self._set(**{k: v for k, v in kwargs.items() if v is not None})
 
+    def _set(self, **kwargs: Any) -> TorchEstimator:
+        """Sets Params, taking an old name (also from a saved estimator's metadata) for its
+        new one with a FutureWarning."""
+        for old, new in _RENAMED.items():
+            if old in kwargs:
+                warnings.warn(f"TorchEstimator: {old} is deprecated and will be removed in the "
+                              f"next release; use {new}.", FutureWarning,
+                              stacklevel=_user_frame_level())
+                kwargs.setdefault(new, kwargs.pop(old))
+        return super()._set(**kwargs)
+
     def _fit(self, dataset: DataFrame) -> TorchModel:
-        checks.check_params(self)
-        code = {"module": loop.resolve_model(self.getOrDefault("model")),
-                "loss_fn": loop.resolve_loss(self.getOrDefault("loss"))}
         checkpoint_dir, run_id = self.checkpoint_location(dataset.sparkSession)
-        prepared = checks.prepare(self, dataset)
-        stats = self._read_data(dataset, prepared, identity=checkpoint_dir is not None)
-        spec = {**self._spec(stats), **code, "checkpoint_dir": checkpoint_dir,
-                "run_id": run_id}
-        checks.check_model(spec)  # the strategy's preflight included
-        preflight(dataset.sparkSession, spec["num_workers"], use_gpu=spec["use_gpu"],
+        prepared, spec, stats = self._train_spec(dataset, checkpoint_dir, run_id)
+        preflight(dataset.sparkSession, spec.launch.num_workers, use_gpu=spec.launch.use_gpu,
                   allow_unencrypted=self.getOrDefault("allowUnencrypted"))
         fingerprint = self._fingerprint(dataset, stats) if checkpoint_dir else {}
         # every strategy's checkpoints load into any worker count the strategy can split over
         with self.guarded_run(checkpoint_dir, run_id, fingerprint, "epochs",
                               resizable=("numWorkers", "batchSize")) as run:
-            payload = launch.train(prepared, spec, self.getOrDefault)
-            state, header = loop.unpack_result(payload)
+            state, header = loop.unpack_result(launch.train(prepared, spec))
             if run is not None:
                 run.complete(len(header["history"]))
         model = TorchModel._fitted(state, {**header, **_model_state(spec)})
         self._copyValues(model)
         return model
 
+    def _spec_parts(self) -> dict[str, Any]:
+        """The Params' spec parts that need no data, each checked as it is built: every
+        Param error comes before any data is read."""
+        launch_spec = self._launch_spec()
+        validates = self.validation_column() is not None or \
+            self.getOrDefault("validationFraction") > 0
+        check_one_of("quantization", self.getOrDefault("quantization"), QUANTIZATIONS)
+        return {"launch": launch_spec, "optim": self._optim_spec(validates),
+                "strategy": self._strategy_spec(launch_spec.num_workers),
+                "comm": self._comm_spec(), "rules": self._data_rules(self.featureSource())}
+
+    def _train_spec(self, dataset: DataFrame, checkpoint_dir: str | None,
+                    run_id: str | None) -> tuple[DataFrame, TrainSpec, dict[str, Any]]:
+        """The prepared data, the fit's typed spec (checked: Params, data, the network on
+        two rows, the strategy's preflight) and the data's figures."""
+        parts = self._spec_parts()
+        network.resolve_model(self.getOrDefault("model"))  # a bad name before the data pass
+        network.resolve_loss(self.getOrDefault("loss"))
+        prepared = checks.prepare(dataset, self.featureSource(), self.getOrDefault("labelCol"),
+                                  self.validation_column(),
+                                  self.getOrDefault("validationFraction"),
+                                  self.getOrDefault("seed"))
+        stats = self._read_data(dataset, prepared, parts["rules"],
+                                identity=checkpoint_dir is not None)
+        spec = TrainSpec(model=self._model_spec(int(stats["max_dim"]), self._classes(stats)),
+                         checkpoint=self._checkpoint_spec(checkpoint_dir, run_id),
+                         hooks=hooks.armed(self), **parts)
+        strategies.check_compatible(spec)
+        checks.check_model(spec)  # the strategy's preflight included
+        return prepared, spec, stats
+
+    def _classes(self, stats: dict[str, Any]) -> int:
+        """numClasses, else inferred for cross_entropy (max label + 1); 2 for bce."""
+        loss = self.getOrDefault("loss")
+        return self.getOrDefault("numClasses") or (
+            int(stats["max_label"]) + 1 if loss == "cross_entropy" else 2 if loss == "bce"
+            else 0)
+
     def _fingerprint(self, dataset: DataFrame, stats: dict[str, Any]) -> dict[str, Any]:
-        """What decides the training trajectory, by Param name, plus the data's identity: a
-        run resumes only when all of it matches (useGpu and the checkpoint Params do not
-        count, so a run may resume on other hardware)."""
-        columns = self.featureSource() + [self.getOrDefault("labelCol")]
-        if self.isSet("validationCol"):
-            columns.append(self.getOrDefault("validationCol"))
-        return {**{name: self.getOrDefault(name) for name in _TRAJECTORY_PARAMS},
-                "validationCol": self.getOrDefault("validationCol")
-                if self.isSet("validationCol") else None,
+        """What decides the training trajectory (``_trajectory``), plus the data's identity:
+        a run resumes only when all of it matches."""
+        validation = self.validation_column()
+        columns = self.featureSource() + [self.getOrDefault("labelCol")] + (
+            [validation] if validation else [])
+        return {**self._fingerprint_params(),
                 **data_identity(dataset.select(*columns).schema, stats)}
 
-    def _read_data(self, dataset: DataFrame, prepared: DataFrame,
+    def _fingerprint_params(self) -> dict[str, Any]:
+        """The Params part of the fingerprint; validationIndicatorCol under its old name, so
+        runs checkpointed before the rename still resume."""
+        values = self._trajectory_values()
+        values["validationCol"] = values.pop("validationIndicatorCol", None)
+        return values
+
+    def _read_data(self, dataset: DataFrame, prepared: DataFrame, rules: Any,
                    identity: bool) -> dict[str, Any]:
         """What the driver must know of the data before launch: the features per row, and
         where a fit needs them the whole data's figures (a class count to infer, the resume
         fingerprint's content hash: one Spark job, checked by the same rules as the ranks
         apply). Otherwise the ranks check the values in the pass that trains on them."""
-        infer_classes = self.getOrDefault("loss") == "cross_entropy" and not self.getOrDefault(
-            "numClasses")
+        infer_classes = rules.loss == "cross_entropy" and not rules.num_classes
         width = None if identity or infer_classes else checks.input_width(
-            self, dataset.schema, prepared)
+            dataset.schema, self.featureSource(), prepared)
         if width is None:
-            return checks.check_data(self, prepared, identity=identity)
+            return checks.check_data(prepared, rules, identity=identity)
         return {"max_dim": width, "max_label": None}
 
-    def _spec(self, stats: dict[str, Any]) -> dict[str, Any]:
-        """Every Param the executors need, as plain values (never ``self``)."""
-        get = self.getOrDefault
-        loss = get("loss")
-        classes = get("numClasses") or (int(stats["max_label"]) + 1 if loss == "cross_entropy"
-                                        else 2 if loss == "bce" else 0)
-        return {"module_name": get("model"),
-                "module_kwargs": dict(get("modelKwargs") or {}), "loss": loss,
-                "optimizer": get("optimizer"), "learning_rate": get("learningRate"),
-                "weight_decay": get("weightDecay"), "batch_size": get("batchSize"),
-                "epochs": get("epochs"), "seed": get("seed") % 2**31, "backend": get("backend"),
-                "use_gpu": get("useGpu"), "patience": get("earlyStoppingPatience"),
-                "num_workers": get("numWorkers"), "input_dim": int(stats["max_dim"]),
-                "num_classes": classes, "output_dim": loop.output_width(loss, classes),
-                "rules": checks.rules(self),
-                "checkpoint_every": get("checkpointEvery"),
-                "checkpoint_every_steps": get("checkpointEverySteps"),
-                "keep_checkpoints": get("keepCheckpoints"),
-                "strategy": get("strategy"), "fsdp_wrap": list(get("fsdpWrap")),
-                "mixed_precision": get("mixedPrecision"),
-                "pipeline_stages": get("pipelineStages") or get("numWorkers"),
-                "pipeline_split_points": list(get("pipelineSplitPoints")),
-                "micro_batches": get("microBatches"),
-                "pipeline_schedule": get("pipelineSchedule"), "sync_every": get("syncEvery"),
-                "sync_warmup_steps": get("syncWarmupSteps"),
-                "max_staleness": get("maxStaleness"),
-                "gradient_compression": get("gradientCompression"),
-                "powersgd_rank": get("powerSgdRank"),
-                "min_workers": get("minWorkers") or get("numWorkers"),
-                "slot_wait_s": get("slotWaitSeconds"),
-                "failpoint": failpoints.armed(self), "straggle": straggle.armed(self)}
 
 class TorchModel(Model, _TorchParams, PersistentModel):
     """A trained network; ``transform`` adds predictions computed on the executors.
@@ -478,7 +368,7 @@ class TorchModel(Model, _TorchParams, PersistentModel):
 
     @property
     def task(self) -> str:
-        return loop.task_of_loss(self.getOrDefault("loss"))
+        return network.task_of_loss(self.getOrDefault("loss"))
 
     @property
     def inputDim(self) -> int:
@@ -500,7 +390,7 @@ class TorchModel(Model, _TorchParams, PersistentModel):
         return module.eval()
 
     def _network(self) -> Any:
-        return loop.build_module(loop.resolve_model(self.getOrDefault("model")),
+        return network.build_module(network.resolve_model(self.getOrDefault("model")),
                                  self.getOrDefault("modelKwargs") or {},
                                  self._info["input_dim"], self._info["output_dim"])
 
@@ -509,7 +399,7 @@ class TorchModel(Model, _TorchParams, PersistentModel):
         model, none of which check it); with 'int8', also that torchao is installed and
         quantizes a copy of the network that then scores two rows, so that no task fails."""
         value = self.getOrDefault("quantization")
-        check_one_of("quantization", value, checks.QUANTIZATIONS)
+        check_one_of("quantization", value, QUANTIZATIONS)
         if value == "int8":
             inference.try_int8(self._network(), self.getOrDefault("model"), self.inputDim,
                                int(self._info["output_dim"]))
@@ -523,13 +413,14 @@ class TorchModel(Model, _TorchParams, PersistentModel):
         require_columns(dataset.schema, self.featureSource(), "TorchModel")
         features = checks.scoring_features(dataset.schema, self.featureSource(),
                                            self.inputDim)
-        spec = {"module": loop.resolve_model(self.getOrDefault("model")),
-                "module_kwargs": self.getOrDefault("modelKwargs") or {},
-                "loss": self.getOrDefault("loss"),
-                "weights": inference.weights_bytes(self._weights),
-                "input_dim": self._info["input_dim"], "output_dim": self._info["output_dim"],
-                "batch_size": self.getOrDefault("batchSize"),
-                "use_gpu": self.getOrDefault("useGpu"), "quantization": self._quantization()}
+        get = self.getOrDefault
+        spec = ScoreSpec(module=network.resolve_model(get("model")),
+                         module_kwargs=dict(get("modelKwargs") or {}),
+                         weights=inference.weights_bytes(self._weights),
+                         input_dim=int(self._info["input_dim"]),
+                         output_dim=int(self._info["output_dim"]), loss=get("loss"),
+                         batch_size=get("batchSize"), use_gpu=get("useGpu"),
+                         quantization=self._quantization())
         predict = inference.predict_udf(spec, self.task)
         scored = dataset.withColumn("__sparkdist_out", predict(features))
         return self._output_columns(scored).drop("__sparkdist_out")
@@ -559,10 +450,12 @@ class TorchModel(Model, _TorchParams, PersistentModel):
         def checked(path: str) -> TorchModel:
             model = load(path)
             try:
-                network = loop.resolve_model(model.getOrDefault("model"))
+                module = network.resolve_model(model.getOrDefault("model"))
             except ParamError as err:
                 raise ModelLoadError(f"'{path}': {err}") from err
-            checks.check_weights(model, network, path)
+            checks.check_weights(model._weights, module, model.getOrDefault("model"),
+                                 model.getOrDefault("modelKwargs") or {},
+                                 (model._info["input_dim"], model._info["output_dim"]), path)
             return model
 
         reader.load = checked  # type: ignore[method-assign]
@@ -607,5 +500,16 @@ class TorchModel(Model, _TorchParams, PersistentModel):
 
 
 # ----------------------------------------------------------------------------- helpers
-def _model_state(spec: dict[str, Any]) -> dict[str, Any]:
-    return {key: spec[key] for key in ("input_dim", "output_dim", "num_classes", "run_id")}
+def _user_frame_level() -> int:
+    """The ``stacklevel`` (seen from the caller's caller) of the first frame outside
+    sparkdist and pyspark: a warning names the user's line, not keyword_only's."""
+    frame, level = sys._getframe(2), 2
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").partition(".")[0] \
+            in ("sparkdist", "pyspark"):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def _model_state(spec: TrainSpec) -> dict[str, Any]:
+    return {"input_dim": spec.model.input_dim, "output_dim": spec.model.output_dim,
+            "num_classes": spec.model.num_classes, "run_id": spec.checkpoint.run_id}

@@ -47,7 +47,7 @@ A resumable fit: 500 rounds, checkpointed every 50 under ``checkpointDir/runId``
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import cache, partial
+from functools import partial
 from types import ModuleType
 from typing import Any, ClassVar
 
@@ -56,23 +56,14 @@ from pyspark import keyword_only
 from pyspark.errors import PySparkException
 from pyspark.ml import Estimator, Model
 from pyspark.ml.linalg import VectorUDT
-from pyspark.ml.param import Param, Params, TypeConverters
-from pyspark.ml.param.shared import (
-    HasFeaturesCol,
-    HasLabelCol,
-    HasPredictionCol,
-    HasProbabilityCol,
-    HasRawPredictionCol,
-    HasValidationIndicatorCol,
-    HasWeightCol,
-)
+from pyspark.ml.param import Params
 from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, BooleanType, NumericType, StructType
 
-from sparkdist import failpoints, store
+from sparkdist import _internals, failpoints, store
 from sparkdist._params import keywords, unknown_param
-from sparkdist.columns import check_one_of, check_timeout, col, require_columns, require_numeric
+from sparkdist.columns import check_one_of, col, require_columns, require_numeric
 from sparkdist.exceptions import (
     ModelLoadError,
     ParamError,
@@ -82,8 +73,22 @@ from sparkdist.exceptions import (
 )
 from sparkdist.launch.barrier import worker_message
 from sparkdist.launch.preflight import preflight
+from sparkdist.models._accessors_xgboost import (
+    _XGBoostClassificationModelAccessors,
+    _XGBoostClassifierAccessors,
+    _XGBoostRegressionModelAccessors,
+    _XGBoostRegressorAccessors,
+)
 from sparkdist.models._labels import check_label
-from sparkdist.models._recovery import HasRecovery, content_hash, data_identity
+from sparkdist.models._recovery import HasElastic, HasRecovery, content_hash, data_identity
+from sparkdist.models._xgboost_params import (
+    ALIASES,
+    HINTS,
+    TRAJECTORY,
+    ClassifierParams,
+    RegressorParams,
+    XGBoostFitParams,
+)
 from sparkdist.persist import ParamsPersistence, PersistentModel
 from sparkdist.session import require_classic
 
@@ -97,129 +102,6 @@ DEVICES = ("cpu", "cuda", "gpu")
 _FILLED = "filled_partitions"  # stats key: partitions of the input that hold rows
 _CLASS_BITS = 63  # class indices 0..62 are counted by one bit each of a long (not the sign)
 _PARTITION = "_sparkdist_partition"  # internal column: the partition of each row
-# Metadata keys written by xgboost.spark's own writer; its reader unpickles or loads them.
-# xgboost.spark's snake_case constructor names for the column Params.
-_ALIASES = {"features_col": "featuresCol", "label_col": "labelCol",
-            "prediction_col": "predictionCol", "probability_col": "probabilityCol",
-            "raw_prediction_col": "rawPredictionCol", "weight_col": "weightCol",
-            "validation_indicator_col": "validationIndicatorCol"}
-_HINTS = {
-    "objective": "XGBoostClassifier picks the objective from the label (binary:logistic for "
-                 "two classes, multi:softprob above); drop objective.",
-    "n_jobs": "each worker uses spark.task.cpus threads; set that Spark conf instead.",
-    "nthread": "each worker uses spark.task.cpus threads; set that Spark conf instead.",
-    "enable_categorical": "mark categorical features with 'c' in feature_types instead.",
-    "eval_set": "mark validation rows with a boolean validationIndicatorCol instead.",
-    "sample_weight": "put weights in a column and set weightCol instead.",
-    "xgb_model": "continuing from a booster is not supported (it cannot be saved as JSON); "
-                 "to continue a fit by rounds, set checkpointDir and runId.",
-    "coll_cfg": "not supported: the tracker runs on the driver with xgboost's defaults.",
-}
-
-_I, _F, _S, _B = (TypeConverters.toInt, TypeConverters.toFloat, TypeConverters.toString,
-                  TypeConverters.toBoolean)
-_ANY = TypeConverters.identity  # JSON-ability is checked at save time
-
-#: name: (converter, default, doc). Defaults are xgboost.spark's (but force_repartition);
-#: None means xgboost's own default.
-_SHARED_PARAMS: dict[str, tuple[Any, Any, str]] = {
-    "num_workers": (_I, 1, "XGBoost workers, one Spark barrier task each; at most the "
-                           "cluster's task slots"),
-    "device": (_S, "cpu", "'cpu', or 'cuda'/'gpu' to train each worker on its task's GPU"),
-    "n_estimators": (_I, 100, "boosting rounds"),
-    "max_depth": (_I, None, "maximum tree depth"),
-    "max_leaves": (_I, None, "maximum leaves per tree (0: no limit)"),
-    "max_bin": (_I, None, "maximum histogram bins per feature"),
-    "grow_policy": (_S, None, "'depthwise' or 'lossguide'"),
-    "learning_rate": (_F, None, "boosting learning rate (xgboost's eta)"),
-    "verbosity": (_I, None, "xgboost log level, 0 (silent) to 3 (debug)"),
-    "booster": (_S, None, "'gbtree', 'gblinear' or 'dart'"),
-    "tree_method": (_S, None, "'hist' or 'approx' ('exact' is not distributed)"),
-    "gamma": (_F, None, "minimum loss reduction to split a leaf"),
-    "min_child_weight": (_F, None, "minimum hessian sum in a child"),
-    "max_delta_step": (_F, None, "maximum delta step of each leaf output"),
-    "subsample": (_F, None, "row subsample ratio per tree, in (0, 1]"),
-    "sampling_method": (_S, None, "'uniform' or 'gradient_based'"),
-    "colsample_bytree": (_F, None, "column subsample ratio per tree"),
-    "colsample_bylevel": (_F, None, "column subsample ratio per level"),
-    "colsample_bynode": (_F, None, "column subsample ratio per split"),
-    "reg_alpha": (_F, None, "L1 regularisation of the weights"),
-    "reg_lambda": (_F, None, "L2 regularisation of the weights"),
-    "scale_pos_weight": (_F, None, "balance of positive and negative weights"),
-    "base_score": (_ANY, None, "initial prediction score (a number, or a list per target)"),
-    "random_state": (_I, None, "random seed"),
-    "missing": (_F, float("nan"), "feature value treated as missing"),
-    "num_parallel_tree": (_I, None, "trees grown per round (boosted random forest)"),
-    "monotone_constraints": (_ANY, None, "per-feature monotonicity: '(1,0,-1)' or {name: 1}"),
-    "interaction_constraints": (_ANY, None, "allowed interactions: '[[0, 1], [2]]' or lists"),
-    "importance_type": (_S, None, "feature importance type"),
-    "validate_parameters": (_B, None, "let xgboost warn about unused parameters"),
-    "feature_types": (TypeConverters.toListString, None, "per-feature type, 'q' or 'c'"),
-    "feature_weights": (TypeConverters.toListFloat, None, "per-feature column sampling weight"),
-    "feature_names": (TypeConverters.toListString, None, "names of the features"),
-    "max_cat_to_onehot": (_I, None, "one-hot split threshold for categorical features"),
-    "max_cat_threshold": (_I, None, "maximum categories per split"),
-    "multi_strategy": (_S, None, "'one_output_per_tree' or 'multi_output_tree'"),
-    "eval_metric": (_ANY, None, "metric name, or list of names, on the validation rows"),
-    "early_stopping_rounds": (_I, None, "stop after this many rounds without validation "
-                                        "improvement (needs validationIndicatorCol)"),
-    "verbose": (_B, False, "log evaluation results each round on the workers (off: quiet)"),
-    "iteration_range": (TypeConverters.toListInt, None, "[begin, end) rounds used to predict"),
-    # Off, as in xgboost.spark, which then repartitions only input that has not num_workers
-    # partitions; sparkdist also repartitions when one of them is empty (an idle worker).
-    "force_repartition": (_B, False, "repartition the input evenly over the workers even when "
-                                     "it has num_workers partitions, none of them empty"),
-    "repartition_random_shuffle": (_B, False, "repartition by a random key, not round-robin"),
-    "enable_sparse_data_optim": (_B, False, "build sparse DMatrix from sparse vectors "
-                                            "(requires missing=0)"),
-    "launch_tracker_on_driver": (_B, True, "start xgboost's tracker on the driver"),
-    "base_margin_col": (_S, None, "column of initial margins"),
-    "pred_contrib_col": (_S, None, "output column of SHAP contributions (unset: none)"),
-}
-_REGRESSION_PARAMS = {"objective": (_S, "reg:squarederror", "learning objective, e.g. "
-                                    "'reg:squarederror', 'reg:absoluteerror', 'count:poisson'")}
-_OUTPUT_COL_PARAMS = ("base_margin_col", "pred_contrib_col")  # defaults are "unset", not None
-#: Params that do not change the booster a fit builds: left out of the resume fingerprint
-#: (device too, so that a run may resume on other hardware).
-_NOT_TRAJECTORY = frozenset({
-    "checkpointDir", "keepCheckpoints", "runId", "resume", "maxRetries", "callbacks",
-    "allowUnencrypted", "minWorkers", "slotWaitSeconds", "predictionCol", "probabilityCol",
-    "rawPredictionCol",
-    "pred_contrib_col", "iteration_range", "importance_type", "verbose", "verbosity",
-    "validate_parameters", "launch_tracker_on_driver", "device"})
-
-
-def _declare(cls: type, table: dict[str, tuple[Any, Any, str]]) -> None:
-    """Attach one class-level Param per table row, as pyspark's shared Params do."""
-    for name, (converter, _, doc) in table.items():
-        setattr(cls, name, Param(Params._dummy(), name, doc, typeConverter=converter))
-
-
-def _defaults(table: dict[str, tuple[Any, Any, str]]) -> dict[str, Any]:
-    return {n: d for n, (_, d, _) in table.items() if n not in _OUTPUT_COL_PARAMS}
-
-
-class _XGBoostParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasWeightCol,
-                     HasValidationIndicatorCol):
-    """Params shared by every XGBoost estimator and model (see ``_SHARED_PARAMS``)."""
-
-    _table: ClassVar[dict[str, tuple[Any, Any, str]]] = _SHARED_PARAMS
-
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
-        self._setDefault(**_defaults(self._table))
-
-
-class _ClassifierParams(_XGBoostParams, HasProbabilityCol, HasRawPredictionCol):
-    """Classifier outputs: probability and raw-margin vectors besides the prediction."""
-
-
-class _RegressorParams(_XGBoostParams):
-    _table = {**_SHARED_PARAMS, **_REGRESSION_PARAMS}
-
-
-_declare(_XGBoostParams, _SHARED_PARAMS)
-_declare(_RegressorParams, _REGRESSION_PARAMS)
 
 
 def _xgboost_spark() -> ModuleType:
@@ -231,38 +113,6 @@ def _xgboost_spark() -> ModuleType:
     return xgboost_spark
 
 
-@cache
-def _counted(cls: Any) -> type:
-    """``cls`` (an xgboost.spark estimator class) taking the number of classes from an
-    instance's ``_sparkdist_classes``, set from sparkdist's label check, instead of counting
-    the label's distinct values in a Spark job of its own (one job, three with AQE)."""
-    def train_params(self: Any, dataset: DataFrame) -> Any:
-        classes = getattr(self, "_sparkdist_classes", None)
-        if classes is not None:
-            try:
-                return cls._get_distributed_train_params(self, _CountedLabel(classes))
-            except AttributeError:  # an xgboost that reads more of the DataFrame here
-                pass
-        return cls._get_distributed_train_params(self, dataset)
-
-    return type(cls.__name__, (cls,), {"__module__": cls.__module__,
-                                       "_get_distributed_train_params": train_params})
-
-
-class _CountedLabel:
-    """What xgboost.spark's ``_get_distributed_train_params`` reads of the training DataFrame:
-    ``dataset.select(countDistinct(label)).collect()[0][0]``, already counted."""
-
-    def __init__(self, classes: int) -> None:
-        self._classes = classes
-
-    def select(self, *columns: Any) -> _CountedLabel:
-        return self
-
-    def collect(self) -> list[tuple[int]]:
-        return [(self._classes,)]
-
-
 def _push_params(source: Params, target: Params) -> Params:
     """Set on ``target`` every defined Param of ``source`` that it also has."""
     for param, value in source.extractParamMap().items():
@@ -272,41 +122,23 @@ def _push_params(source: Params, target: Params) -> Params:
 
 
 # -- estimators ------------------------------------------------------------------------------
-class _XGBoostEstimator(Estimator, HasRecovery, ParamsPersistence):
+class _XGBoostEstimator(Estimator, XGBoostFitParams, HasRecovery, HasElastic,
+                        ParamsPersistence):
     """Validates, then fits the matching ``xgboost.spark`` estimator (once, or in checkpointed
     chunks of rounds) and wraps its model."""
 
     _transient_params = ("callbacks",)
-    _param_aliases = _ALIASES  # accepted keywords besides the Param names
-    _param_hints = _HINTS  # why a familiar xgboost name is refused
+    _param_aliases = ALIASES  # accepted keywords besides the Param names
+    _param_hints = HINTS  # why a familiar xgboost name is refused
 
     _xgb_estimator: ClassVar[str]  # class name in xgboost.spark
     _model_class: ClassVar[type[_XGBoostModel]]
     _counts_classes: ClassVar[bool] = False  # whether _check_label needs class statistics
-    callbacks: Param[Any] = Param(
-        Params._dummy(), "callbacks", "xgboost TrainingCallback objects (training only; an "
-        "estimator holding them cannot be saved)", typeConverter=_ANY)
-    allowUnencrypted: Param[bool] = Param(
-        Params._dummy(), "allowUnencrypted",
-        "train on a cluster with Spark authentication/encryption on although XGBoost's "
-        "traffic between workers is not encrypted", typeConverter=_B)
-    minWorkers: Param[int] = Param(
-        Params._dummy(), "minWorkers",
-        "with checkpointDir: the fewest workers a chunk may run on when task slots are lost "
-        "(0: num_workers, i.e. never fewer)", typeConverter=_I)
-    slotWaitSeconds: Param[float] = Param(
-        Params._dummy(), "slotWaitSeconds",
-        "with checkpointDir: the longest wait for minWorkers task slots before the fit fails, "
-        "> 0", typeConverter=_F)
-
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
-        self._setDefault(allowUnencrypted=False, minWorkers=0, slotWaitSeconds=300.0)
 
     def setParams(self, **params: Any) -> _XGBoostEstimator:
         """Set Params by name; xgboost.spark's snake_case column names are accepted too."""
         for name, value in params.items():
-            real = _ALIASES.get(name, name)
+            real = ALIASES.get(name, name)
             if not self.hasParam(real):
                 raise unknown_param(type(self), name, keywords(type(self)))
             try:
@@ -353,8 +185,8 @@ class _XGBoostEstimator(Estimator, HasRecovery, ParamsPersistence):
         plan = chunks.ChunkPlan(location=location, run_id=run_id, rounds=get("n_estimators"),
                                 every=get("checkpointEvery"), keep=get("keepCheckpoints"),
                                 max_retries=get("maxRetries"), num_workers=get("num_workers"),
-                                elastic=self._elastic())
-        fingerprint = {**self._trajectory(),
+                                elastic=self.elastic_plan("num_workers"))
+        fingerprint = {**self._trajectory_values(),
                        **data_identity(dataset.select(*self._data_columns()).schema, stats)}
         with self.guarded_run(location, run_id, fingerprint, "n_estimators") as run:
             raw, summary = chunks.fit_in_chunks(make, dataset, plan,
@@ -362,20 +194,6 @@ class _XGBoostEstimator(Estimator, HasRecovery, ParamsPersistence):
             assert run is not None
             run.complete(plan.rounds)
         return self._model_class(self._model_class._wrap_booster(raw, location), summary)
-
-    def _elastic(self) -> Any:
-        """minWorkers and slotWaitSeconds as the chunks' elastic plan (see
-        ``_xgboost_checkpoints``)."""
-        from sparkdist.launch.elastic import ElasticPlan
-
-        get = self.getOrDefault
-        return ElasticPlan(min_workers=get("minWorkers") or get("num_workers"),
-                           slot_wait_s=get("slotWaitSeconds"), param="minWorkers")
-
-    def _trajectory(self) -> dict[str, Any]:
-        """Every Param that shapes the boosting (the resume fingerprint, with the data)."""
-        return {param.name: value for param, value in self.extractParamMap().items()
-                if param.name not in _NOT_TRAJECTORY}
 
     def _data_columns(self) -> list[str]:
         """The input columns the fit reads."""
@@ -388,9 +206,8 @@ class _XGBoostEstimator(Estimator, HasRecovery, ParamsPersistence):
         """The xgboost.spark estimator with this one's Params; ``classes``: the label's class
         count, which it then takes instead of counting it in a job."""
         cls = getattr(_xgboost_spark(), self._xgb_estimator)
-        inner: Any = _push_params(self, (cls if classes is None else _counted(cls))())
-        if classes is not None:
-            inner._sparkdist_classes = classes
+        inner: Any = _push_params(self, cls() if classes is None
+                                  else _internals.xgboost_counting_classes(cls, classes))
         return inner if repartition is None else inner._set(force_repartition=repartition)
 
     # validation: Params, then checkpoints, schema, the cluster, then one pass over the label
@@ -417,14 +234,10 @@ class _XGBoostEstimator(Estimator, HasRecovery, ParamsPersistence):
         workers, device = self.getOrDefault("num_workers"), self.getOrDefault("device")
         if workers < 1:
             raise ParamError(f"num_workers={workers}: use 1 or more.")
-        least, wait = self.getOrDefault("minWorkers"), self.getOrDefault("slotWaitSeconds")
-        if not 0 <= least <= workers:
-            raise ParamError(f"minWorkers={least}: use 0 (num_workers) to num_workers="
-                             f"{workers}.")
-        check_timeout("slotWaitSeconds", wait)
+        self.check_elastic("num_workers")
         check_one_of("device", device, DEVICES)
         try:  # xgboost.spark's own cross-checks (tree_method, early stopping, GPU conf)
-            self._xgboost_estimator()._validate_params()
+            _internals.xgboost_validate_params(self._xgboost_estimator())
         except ValueError as err:
             raise ParamError(str(err)) from err
         if self.isDefined("checkpointDir") and self.getOrDefault("checkpointDir"):
@@ -499,7 +312,7 @@ def _check_features_type(schema: StructType, name: str) -> None:
                       "sparkdist.features.FeatureAssembler.")
 
 
-class XGBoostClassifier(_XGBoostEstimator, _ClassifierParams):
+class XGBoostClassifier(_XGBoostEstimator, ClassifierParams, _XGBoostClassifierAccessors):
     """Gradient-boosted trees for binary and multiclass labels (class indices 0..k-1),
     trained by ``num_workers`` XGBoost workers in one Spark barrier stage.
 
@@ -519,6 +332,7 @@ class XGBoostClassifier(_XGBoostEstimator, _ClassifierParams):
     """
 
     _xgb_estimator = "SparkXGBClassifier"
+    _trajectory = {**TRAJECTORY, "probabilityCol": False, "rawPredictionCol": False}
     _counts_classes = True
 
     @keyword_only
@@ -536,7 +350,7 @@ class XGBoostClassifier(_XGBoostEstimator, _ClassifierParams):
                 "label first (FeatureAssembler(labelCol=...) or StringIndexer).")
 
 
-class XGBoostRegressor(_XGBoostEstimator, _RegressorParams):
+class XGBoostRegressor(_XGBoostEstimator, RegressorParams, _XGBoostRegressorAccessors):
     """Gradient-boosted trees for a numeric label, trained by ``num_workers`` XGBoost
     workers in one Spark barrier stage.
 
@@ -553,6 +367,7 @@ class XGBoostRegressor(_XGBoostEstimator, _RegressorParams):
     """
 
     _xgb_estimator = "SparkXGBRegressor"
+    _trajectory = {**TRAJECTORY, "objective": True}
 
     @keyword_only
     def __init__(self, **params: Any) -> None:
@@ -639,7 +454,8 @@ class _XGBoostModel(Model, PersistentModel):
         return getattr(xgboost_spark, cls._xgb_model)(sklearn_model)
 
 
-class XGBoostClassificationModel(_XGBoostModel, _ClassifierParams):
+class XGBoostClassificationModel(_XGBoostModel, ClassifierParams,
+                                 _XGBoostClassificationModelAccessors):
     """A fitted :class:`XGBoostClassifier`.
 
     Examples
@@ -657,7 +473,7 @@ class XGBoostClassificationModel(_XGBoostModel, _ClassifierParams):
     _xgb_sklearn = "XGBClassifier"
 
 
-class XGBoostRegressionModel(_XGBoostModel, _RegressorParams):
+class XGBoostRegressionModel(_XGBoostModel, RegressorParams, _XGBoostRegressionModelAccessors):
     """A fitted :class:`XGBoostRegressor`.
 
     Examples

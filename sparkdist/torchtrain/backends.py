@@ -21,7 +21,8 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from sparkdist.columns import check_one_of
-from sparkdist.exceptions import ParamError
+from sparkdist.exceptions import ParamError, TrainingError
+from sparkdist.torchtrain.compression import COMPRESSIONS
 
 if TYPE_CHECKING:
     import torch
@@ -43,16 +44,26 @@ def horovod_available() -> bool:
     return True
 
 
-def make_backend(name: str) -> TorchBackend | HorovodBackend:
-    """The backend called ``name`` (one of :data:`BACKENDS`)."""
+def backend_class(name: str) -> type[TorchBackend | HorovodBackend]:
+    """The class of backend ``name`` (one of :data:`BACKENDS`): it declares what the backend
+    supports (``compressions``, ``local_steps``), which
+    :func:`sparkdist.torchtrain.strategies.check_compatible` reads."""
     check_one_of("backend", name, BACKENDS)
-    return HorovodBackend() if name == "horovod" else TorchBackend()
+    return HorovodBackend if name == "horovod" else TorchBackend
+
+
+def make_backend(name: str) -> TorchBackend | HorovodBackend:
+    """The backend called ``name``."""
+    return backend_class(name)()
 
 
 class TorchBackend:
     """torch.distributed with DistributedDataParallel (gloo on CPU, NCCL on CUDA)."""
 
-    name = "torch"
+    name, title = "torch", "torch.distributed"
+    #: every gradient compression (a DDP communication hook), and local steps
+    compressions: tuple[str, ...] = COMPRESSIONS
+    local_steps = True
 
     def __init__(self) -> None:
         self._device: Any = None
@@ -119,7 +130,10 @@ class HorovodBackend:
     environment, so rank 0 here is rank 0 of the barrier stage.
     """
 
-    name = "horovod"
+    name, title = "horovod", "Horovod"
+    #: float16 only (hvd.Compression.fp16); no process-group store for model averaging
+    compressions: tuple[str, ...] = ("none", "fp16")
+    local_steps = False
 
     def __init__(self) -> None:
         self._server: Any = None
@@ -159,23 +173,18 @@ class HorovodBackend:
     def wrap_optimizer(self, optimizer: Any, model: torch.nn.Module,
                        compression: str = "none") -> Any:
         """Gradients are averaged across ranks in ``step()``, sent as float16 with
-        ``compression="fp16"`` (``hvd.Compression.fp16``; Horovod has no bf16 or PowerSGD,
-        which TorchEstimator refuses before launch). No
+        ``compression="fp16"`` (``hvd.Compression.fp16``; :attr:`compressions`). No
         ``hvd.broadcast_optimizer_state``: every rank builds the same fresh optimizer (or loads
         the same checkpoint), and that call would take a zero-gradient step first (Adam's step
         count, AdamW's weight decay), so the run would differ from the torch backend."""
         import horovod.torch as hvd
 
-        if compression not in ("none", "fp16"):
-            raise ParamError(f"gradientCompression={compression!r} has no Horovod equivalent: "
-                             "use 'fp16' or 'none', or backend='torch'.")
         codec = hvd.Compression.fp16 if compression == "fp16" else hvd.Compression.none
         return hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                         compression=codec)
 
     def store(self) -> Any:
-        raise ParamError("maxStaleness needs backend='torch' (Horovod has no process-group "
-                         "store): set maxStaleness=0 or backend='torch'.")
+        raise TrainingError("Horovod has no process-group store (local_steps is False).")
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         import horovod.torch as hvd

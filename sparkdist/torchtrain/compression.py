@@ -11,7 +11,7 @@ communication hook (torch.distributed.algorithms.ddp_comm_hooks), on gloo and NC
   steps after each checkpoint (below).
 
 Every hook counts the bytes it hands to ``all_reduce`` (this rank's payload; a ring all-reduce
-moves about twice that over the wire) into the :class:`~sparkdist.torchtrain.loop.StepClock`,
+moves about twice that over the wire) into the :class:`~sparkdist.torchtrain.clock.StepClock`,
 which reports them per rank in ``trainingSummary["ranks"]``.
 
 PowerSGD keeps state per rank (the error of its own compression, warm-start matrices). A
@@ -82,28 +82,3 @@ class GradientHook:
             return future
         self.clock.sent(buffer.numel() * buffer.element_size())
         return default_hooks.allreduce_hook(None, bucket)  # type: ignore[arg-type]
-
-
-def check_combination(get: Any) -> None:
-    """ParamError for a communication setting that cannot work with the others (``get``:
-    the estimator's ``getOrDefault``): they need strategy='ddp'; Horovod has fp16 only."""
-    from sparkdist.exceptions import ParamError
-
-    asked = [f"{name}={get(name)!r}" for name, off in (
-        ("gradientCompression", "none"), ("syncEvery", 1), ("maxStaleness", 0))
-        if get(name) != off]
-    if asked and get("strategy") != "ddp":
-        raise ParamError(f"{', '.join(asked)} need(s) strategy='ddp' (a whole replica per "
-                         f"worker), not strategy={get('strategy')!r}: use strategy='ddp' or "
-                         "leave gradientCompression='none', syncEvery=1, maxStaleness=0.")
-    if get("backend") != "horovod":
-        return
-    if get("gradientCompression") not in ("none", "fp16"):
-        raise ParamError(f"gradientCompression={get('gradientCompression')!r} has no Horovod "
-                         "equivalent: use 'fp16' (hvd.Compression.fp16) or 'none', or "
-                         "backend='torch'.")
-    for name, off in (("syncEvery", 1), ("maxStaleness", 0)):
-        if get(name) != off:
-            raise ParamError(f"{name}={get(name)} needs backend='torch' (local steps and "
-                             f"model averaging are not built for Horovod): set {name}={off} "
-                             "or backend='torch'.")

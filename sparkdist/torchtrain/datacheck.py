@@ -17,7 +17,7 @@ rules to its own aggregates before launch.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -26,35 +26,37 @@ import pyarrow.compute as pc
 from sparkdist.columns import empty_data_error
 from sparkdist.exceptions import ParamError, SchemaError
 
+if TYPE_CHECKING:
+    from sparkdist.torchtrain.spec import DataRules
+
 #: The order of the figures in the all-reduced table.
 FIELDS = ("rows", "bad_rows", "min_dim", "max_dim", "min_label", "max_label", "fractional")
 
 
-def check_stats(stats: dict[str, Any], rules: dict[str, Any]) -> None:
-    """Raise SchemaError/ParamError for input the fit cannot train on. ``rules``: ``source``
-    (the feature column names), ``label_col``, ``nan_policy``, ``batch_size``, ``loss``,
-    ``num_classes`` (the Param: 0 infers)."""
-    source = rules["source"]
+def check_stats(stats: dict[str, Any], rules: DataRules) -> None:
+    """Raise SchemaError/ParamError for input the fit cannot train on (``rules.num_classes``
+    0: inferred from the labels)."""
+    source = rules.source
     if stats["rows"] == 0:
         raise empty_data_error("TorchEstimator.fit")
     if stats["min_dim"] != stats["max_dim"]:
         raise SchemaError(f"featuresCol: rows of '{source}' have between {stats['min_dim']} "
                           f"and {stats['max_dim']} values; every row needs the same length "
                           f"(assemble them with FeatureAssembler).")
-    if stats["bad_rows"] and rules["nan_policy"] == "error":
+    if stats["bad_rows"] and rules.nan_policy == "error":
         raise SchemaError(f"{stats['bad_rows']} of {stats['rows']} rows have NaN, infinite or "
-                          f"null values in '{source}' or the label '{rules['label_col']}'; "
+                          f"null values in '{source}' or the label '{rules.label_col}'; "
                           f"clean them, impute them (FeatureAssembler nullPolicy='impute') or "
                           f"set nanPolicy='drop'.")
     good = stats["rows"] - (stats["bad_rows"] or 0)
-    if rules["batch_size"] > good:
-        raise ParamError(f"batchSize={rules['batch_size']} exceeds the {good} usable rows; "
+    if rules.batch_size > good:
+        raise ParamError(f"batchSize={rules.batch_size} exceeds the {good} usable rows; "
                          f"lower batchSize.")
     _check_labels(stats, rules)
 
 
-def _check_labels(stats: dict[str, Any], rules: dict[str, Any]) -> None:
-    loss, label = rules["loss"], rules["label_col"]
+def _check_labels(stats: dict[str, Any], rules: DataRules) -> None:
+    loss, label = rules.loss, rules.label_col
     if loss not in ("bce", "cross_entropy"):
         return
     if stats["fractional"] or stats["min_label"] < 0 or (
@@ -64,7 +66,7 @@ def _check_labels(stats: dict[str, Any], rules: dict[str, Any]) -> None:
                 and not stats["fractional"] else "")
         raise SchemaError(f"labelCol: '{label}' holds values from {stats['min_label']} to "
                           f"{stats['max_label']}, but loss='{loss}' needs {allowed}.{hint}")
-    classes = rules["num_classes"]
+    classes = rules.num_classes
     if loss == "cross_entropy" and classes and stats["max_label"] >= classes:
         raise ParamError(f"numClasses={classes} but labelCol '{label}' reaches "
                          f"{stats['max_label']:.0f}; raise numClasses or leave it 0.")

@@ -15,13 +15,16 @@ its batch, so int8 scores are reproducible.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from sparkdist.exceptions import ParamError
 from sparkdist.launch import gpus
-from sparkdist.torchtrain import loop
+from sparkdist.torchtrain.network import build_module
+
+if TYPE_CHECKING:
+    from sparkdist.torchtrain.spec import ScoreSpec
 
 TORCHAO_INSTALL = ("quantization='int8' needs torchao (torch's int8 quantization library): pip "
                    "install 'sparkdist[torch]' (or torchao) on the driver and the executors, or "
@@ -44,7 +47,7 @@ _OUTPUT_SCHEMA = {
 }
 
 
-def predict_udf(spec: dict[str, Any], task: str) -> Any:
+def predict_udf(spec: ScoreSpec, task: str) -> Any:
     from pyspark.sql.functions import pandas_udf
 
     def predict(batches: Iterator[pd.Series]) -> Iterator[pd.DataFrame]:
@@ -53,30 +56,29 @@ def predict_udf(spec: dict[str, Any], task: str) -> Any:
     return pandas_udf(predict, _OUTPUT_SCHEMA[task])  # type: ignore[call-overload]
 
 
-def predict_batches(spec: dict[str, Any], batches: Any) -> Any:
+def predict_batches(spec: ScoreSpec, batches: Any) -> Any:
     """Executor side: load the network once per task (and quantize it, with
-    ``spec["quantization"] == 'int8'``), then score each Arrow batch."""
+    ``spec.quantization == 'int8'``), then score each Arrow batch."""
     import io
 
     import numpy as np
     import torch
 
-    module = loop.build_module(spec["module"], spec["module_kwargs"],
-                               spec["input_dim"], spec["output_dim"])
-    module.load_state_dict(torch.load(io.BytesIO(spec["weights"]), weights_only=True))
-    if spec.get("quantization", "none") == "int8":
+    module = build_module(spec.module, spec.module_kwargs, spec.input_dim, spec.output_dim)
+    module.load_state_dict(torch.load(io.BytesIO(spec.weights), weights_only=True))
+    if spec.quantization == "int8":
         device = torch.device("cpu")
         module = quantize_int8(module.eval())
     else:
         # The task's assigned GPU when there is one; a model trained with useGpu=True still
         # scores on a CPU-only cluster rather than failing there.
-        device = gpus.apply(gpus.plan_for_task("auto" if spec["use_gpu"] else False))
+        device = gpus.apply(gpus.plan_for_task("auto" if spec.use_gpu else False))
         module.to(device).eval()
     for series in batches:
         matrix = np.stack(series.to_numpy()).astype(np.float32) if len(series) else \
-            np.zeros((0, spec["input_dim"]), np.float32)
-        output = score(module, matrix, spec["batch_size"], spec["output_dim"], device)
-        yield pd.DataFrame(_outputs(spec["loss"], output.double()))
+            np.zeros((0, spec.input_dim), np.float32)
+        output = score(module, matrix, spec.batch_size, spec.output_dim, device)
+        yield pd.DataFrame(_outputs(spec.loss, output.double()))
 
 
 def score(module: Any, matrix: Any, batch_size: int, output_dim: int, device: Any = None) -> Any:

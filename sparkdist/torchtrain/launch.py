@@ -1,8 +1,10 @@
 """Driver side of a TorchEstimator fit: the barrier stage of :func:`loop.fit_worker` over the
-prepared data, with a progress bar fed by rank 0's per-epoch reports.
+prepared data, with a progress bar fed by rank 0's per-epoch reports. Everything it needs is in
+the typed spec (:class:`sparkdist.torchtrain.spec.TrainSpec`).
 
 Elastic fits (``minWorkers`` < ``numWorkers``, :mod:`sparkdist.launch.elastic`): a restart that
-finds fewer task slots re-plans on ``world`` workers, and keeps the GLOBAL batch: each worker
+finds fewer task slots re-plans on ``world`` workers (:meth:`TrainSpec.for_world`, on the
+worker counts the strategy declares usable), and keeps the GLOBAL batch: each worker
 takes ``ceil(batchSize x numWorkers / world)`` rows a step, so an epoch keeps its number of
 steps (exactly, where ``world`` divides ``batchSize x numWorkers``; at most one step fewer
 otherwise), the learning rate stays as it was (no rescaling: the same global batch), and a
@@ -18,7 +20,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from typing import Any
 
 from pyspark.sql import DataFrame
@@ -26,35 +27,28 @@ from pyspark.sql import DataFrame
 from sparkdist.launch.barrier import BarrierSettings, run_barrier
 from sparkdist.launch.elastic import ElasticPlan
 from sparkdist.torchtrain import loop, strategies
+from sparkdist.torchtrain.spec import TrainSpec
 
 _LOG = logging.getLogger("sparkdist.models.torch")
 
 
-def train(prepared: DataFrame, spec: dict[str, Any], get: Any) -> bytes:
-    """Run the fit's barrier stage; rank 0's result bytes (``loop.pack_result``). ``get`` reads
-    the estimator's Params (timeouts, retries, progress)."""
-    settings = BarrierSettings(rendezvous_timeout_s=get("rendezvousTimeoutSeconds"),
-                               collective_timeout_s=get("rendezvousTimeoutSeconds"),
+def train(prepared: DataFrame, spec: TrainSpec) -> bytes:
+    """Run the fit's barrier stage; rank 0's result bytes (``loop.pack_result``)."""
+    launch = spec.launch
+    settings = BarrierSettings(rendezvous_timeout_s=launch.rendezvous_timeout_s,
+                               collective_timeout_s=launch.rendezvous_timeout_s,
                                env=_local_env(prepared))
-    description = (f"sparkdist TorchEstimator: {spec['epochs']} epochs on "
-                   f"{spec['num_workers']} workers")
-    plan = ElasticPlan(min_workers=spec.get("min_workers") or spec["num_workers"],
-                       slot_wait_s=spec.get("slot_wait_s", 300.0), for_world=for_world,
-                       usable=strategies.usable(spec))
-    with _Progress(spec["epochs"], enabled=get("progress"), plan=plan) as progress:
-        payload = run_barrier(prepared, loop.fit_worker, spec, spec["num_workers"],
-                              settings=settings, timeout_s=get("timeoutSeconds"),
+    description = (f"sparkdist TorchEstimator: {spec.optim.epochs} epochs on "
+                   f"{launch.num_workers} workers")
+    plan = ElasticPlan(min_workers=launch.min_workers, slot_wait_s=launch.slot_wait_s,
+                       for_world=TrainSpec.for_world, usable=strategies.usable(spec))
+    with _Progress(spec.optim.epochs, enabled=launch.progress, plan=plan) as progress:
+        payload = run_barrier(prepared, loop.fit_worker, spec, launch.num_workers,
+                              settings=settings, timeout_s=launch.timeout_s,
                               description=description, on_report=progress.update,
-                              max_retries=get("maxRetries"), elastic=plan)
+                              max_retries=launch.max_retries, elastic=plan)
     _LOG.info("sparkdist TorchEstimator timeline: %s", plan.timeline)
-    return with_header(payload, worker_counts=plan.worker_counts or [spec["num_workers"]])
-
-
-def for_world(spec: dict[str, Any], world: int) -> dict[str, Any]:
-    """The spec of a launch on ``world`` workers: the global batch of ``numWorkers`` workers
-    kept (module docstring)."""
-    global_batch = spec["batch_size"] * spec["num_workers"]
-    return {**spec, "num_workers": world, "batch_size": math.ceil(global_batch / world)}
+    return with_header(payload, worker_counts=plan.worker_counts or [launch.num_workers])
 
 
 def with_header(payload: bytes, **extra: Any) -> bytes:

@@ -1,6 +1,6 @@
 """Training state in checkpoints, so that a retried or re-run fit continues where it stopped.
 
-Rank 0 writes a checkpoint every ``checkpoint_every`` epochs, and with ``checkpoint_every_steps``
+Rank 0 writes a checkpoint every ``CheckpointSpec.every`` epochs, and with ``every_steps``
 also every that many steps within an epoch, into :class:`sparkdist.store.Checkpoints` (atomic,
 checksummed, the last K kept), numbered by the epochs completed. A checkpoint holds the
 weights, the optimizer state, the history, the best weights so far (early stopping), the epoch,
@@ -13,16 +13,12 @@ ends with the same weights.
 from __future__ import annotations
 
 import io
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparkdist.exceptions import TrainingError
 
-#: The spec entries a checkpoint must agree on to be resumed from: a backstop inside the task.
-#: The driver compares the whole fingerprint (settings and data, ``run.json``) before launch
-#: (:class:`sparkdist.models._recovery.RunGuard`), so this check fails only for checkpoints
-#: changed behind a fit's back.
-FINGERPRINT_KEYS = ("module_name", "module_kwargs", "input_dim", "output_dim", "loss",
-                    "optimizer")
+if TYPE_CHECKING:
+    from sparkdist.torchtrain.spec import TrainSpec
 
 
 def step_seed(seed: int, epoch: int, step: int, rank: int) -> int:
@@ -30,12 +26,19 @@ def step_seed(seed: int, epoch: int, step: int, rank: int) -> int:
     return (seed * 1_000_003 + epoch * 7919 + step * 104_729 + rank) % 2**63
 
 
-def fingerprint(args: dict[str, Any]) -> dict[str, Any]:
-    return {key: args[key] for key in FINGERPRINT_KEYS}
+def fingerprint(spec: TrainSpec) -> dict[str, Any]:
+    """What a checkpoint must agree on to be resumed from: a backstop inside the task. The
+    driver compares the whole fingerprint (settings and data, ``run.json``) before launch
+    (:class:`sparkdist.models._recovery.RunGuard`), so this check fails only for checkpoints
+    changed behind a fit's back. The keys are those of the checkpoints written so far."""
+    model = spec.model
+    return {"module_name": model.module_name, "module_kwargs": model.module_kwargs,
+            "input_dim": model.input_dim, "output_dim": model.output_dim, "loss": model.loss,
+            "optimizer": spec.optim.optimizer}
 
 
 def encode(epoch: int, step: int, training_state: dict[str, Any], history: list[dict],
-           best: dict | None, stopped: bool, partial_loss: float, args: dict[str, Any]) -> bytes:
+           best: dict | None, stopped: bool, partial_loss: float, spec: TrainSpec) -> bytes:
     """The state after ``epoch`` epochs and ``step`` steps of the next (whose summed loss
     over all ranks is ``partial_loss``), as bytes ``torch.load(weights_only=True)`` reads.
     ``training_state`` is the strategy's model and optimizer state (or where its shards are:
@@ -45,20 +48,20 @@ def encode(epoch: int, step: int, training_state: dict[str, Any], history: list[
     state = {"epoch": epoch, "step": step, "partial_loss": partial_loss,
              "training_state": training_state, "history": history,
              "best": best and {**best, "state": _cpu(best["state"])}, "stopped": stopped,
-             "fingerprint": fingerprint(args)}
+             "fingerprint": fingerprint(spec)}
     buffer = io.BytesIO()
     torch.save(state, buffer)
     return buffer.getvalue()
 
 
-def decode(payload: bytes, args: dict[str, Any], where: str) -> dict[str, Any]:
+def decode(payload: bytes, spec: TrainSpec, where: str) -> dict[str, Any]:
     """A checkpoint's state; refuses one written for another model or loss."""
     import torch
 
     state = torch.load(io.BytesIO(payload), weights_only=True, map_location="cpu")
-    if state["fingerprint"] != fingerprint(args):
+    if state["fingerprint"] != fingerprint(spec):
         raise TrainingError(f"the checkpoint {where} was written by a different fit "
-                            f"({state['fingerprint']}, this fit: {fingerprint(args)}); use "
+                            f"({state['fingerprint']}, this fit: {fingerprint(spec)}); use "
                             f"a new runId or another checkpointDir.")
     if "training_state" not in state:  # written before strategies: whole-model state dicts
         state["training_state"] = {"model": state.pop("model"),

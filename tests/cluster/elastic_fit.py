@@ -40,7 +40,7 @@ TORCH = {"numWorkers": 3, "epochs": 20, "seed": 11, "progress": False, "batchSiz
 XGB = {"num_workers": 3, "n_estimators": 30, "max_depth": 4, "learning_rate": 0.3,
        "checkpointEvery": 5, "maxRetries": 3}
 KILL_AT_EPOCH = 2
-SLOT_WAIT_S = 20.0
+SLOT_WAIT_S = 10.0
 
 
 def descendants(root: int) -> list[int]:

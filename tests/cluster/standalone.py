@@ -158,21 +158,42 @@ class StandaloneCluster:
             self.timings["master"] = time.monotonic() - started
             # The workers start once the master listens: a worker that finds no master
             # retries only after 5-15 s.
-            launches = [self._spawn(WORKER_CLASS, i, [
-                "--host", "127.0.0.1", "--cores", str(self.cores), "--memory", self.memory,
-                "--webui-port", str(free_port()), self.master_url],
-                {"SPARK_WORKER_DIR": str(self.work_dirs[i - 1])})
-                for i in range(1, self.workers + 1)]
+            launches = [self._spawn_worker(i) for i in range(1, self.workers + 1)]
             for proc, daemon in launches:
                 self._finish_launch(proc, daemon)
-            self._wait(lambda state: state is not None
-                       and len(self.alive_workers(state)) >= self.workers,
-                       f"{self.workers} workers to register with the master")
+            self._wait_workers()
             self.timings["workers"] = time.monotonic() - started - self.timings["master"]
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _spawn_worker(self, index: int) -> tuple[subprocess.Popen, Daemon]:
+        return self._spawn(WORKER_CLASS, index, [
+            "--host", "127.0.0.1", "--cores", str(self.cores), "--memory", self.memory,
+            "--webui-port", str(free_port()), self.master_url],
+            {"SPARK_WORKER_DIR": str(self.work_dirs[index - 1])})
+
+    def _wait_workers(self) -> None:
+        self._wait(lambda state: state is not None
+                   and len(self.alive_workers(state)) >= self.workers,
+                   f"{self.workers} workers to register with the master")
+
+    def restart_worker(self, index: int) -> None:
+        """Start worker ``index`` again if it is dead (a test killed it), then wait until
+        every worker is registered and no application holds the cluster: several tests can
+        share one cluster (a start costs 15-30 s)."""
+        old = self.worker(index)
+        if old.pid is not None and not alive(old.pid):
+            old.pid = None  # replaced: its death no longer ends a wait (its session is kept)
+            # the master must have seen the death first, or the old entry counts as alive
+            self._wait(lambda state: state is not None
+                       and len(self.alive_workers(state)) < self.workers,
+                       f"the master to mark worker {index} dead")
+            self._finish_launch(*self._spawn_worker(index))
+            self._wait_workers()
+        self._wait(lambda state: state is not None and not state.get("activeapps"),
+                   "the previous application to leave the master")
 
     def _environment(self, extra: dict[str, str]) -> dict[str, str]:
         return {**os.environ, "SPARK_HOME": str(SPARK_HOME),
@@ -244,8 +265,8 @@ class StandaloneCluster:
         return [w for w in state.get("workers", []) if w.get("state") == "ALIVE"]
 
     def worker(self, index: int) -> Daemon:
-        """Worker ``index`` (1-based)."""
-        return next(d for d in self.daemons if d.cls == WORKER_CLASS and d.instance == index)
+        """Worker ``index`` (1-based); the last one started, after :meth:`restart_worker`."""
+        return [d for d in self.daemons if d.cls == WORKER_CLASS and d.instance == index][-1]
 
     def executor_pids(self, index: int) -> list[int]:
         """The executor JVMs worker ``index`` runs now: CoarseGrainedExecutorBackend

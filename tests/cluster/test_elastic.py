@@ -4,8 +4,9 @@ epoch 2. With minWorkers=2 the fit finishes on the 2 survivors, as accurate as a
 uninterrupted 3-worker fit (within 1 percentage point), its worker-count history [3, 2];
 with minWorkers=3 it fails within slotWaitSeconds, naming the slots it needed and found.
 
-Each case runs its own driver (tests/cluster/elastic_fit.py) against the cluster; the timeline
-it writes gives the recovery time, printed with ``-s``.
+Each case runs its own driver (tests/cluster/elastic_fit.py) against the module's one cluster
+(the victim is started again before the next case); the timeline it writes gives the recovery
+time, printed with ``-s``.
 """
 
 from __future__ import annotations
@@ -24,17 +25,26 @@ standalone = sys.modules.setdefault(_spec.name, importlib.util.module_from_spec(
 _spec.loader.exec_module(standalone)
 
 DRIVER = Path(__file__).with_name("elastic_fit.py")
-SLOT_WAIT_S = 20.0  # elastic_fit.SLOT_WAIT_S
+SLOT_WAIT_S = 10.0  # elastic_fit.SLOT_WAIT_S
 VICTIM = 3  # the worker killed for good
 
 
-@pytest.fixture
-def cluster(tmp_path):
-    with standalone.StandaloneCluster(tmp_path / "cluster", workers=3, cores=1,
+@pytest.fixture(scope="module")
+def shared_cluster(tmp_path_factory):
+    """One cluster for the module (each start costs 15-30 s)."""
+    with standalone.StandaloneCluster(tmp_path_factory.mktemp("cluster"), workers=3, cores=1,
                                       memory="1g") as running:
         yield running
     left = running.processes()
     assert not left, f"processes left behind by the cluster: {left}"
+
+
+@pytest.fixture
+def cluster(shared_cluster):
+    """The module's cluster with all 3 workers: the victim an earlier test killed for good is
+    started again, and no earlier driver's application is left on it."""
+    shared_cluster.restart_worker(VICTIM)
+    return shared_cluster
 
 
 def run_driver(cluster, tmp_path: Path, mode: str, min_workers: int) -> dict:

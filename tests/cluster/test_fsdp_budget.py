@@ -12,13 +12,16 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+BENCH = str(Path(__file__).resolve().parents[2] / "bench")  # budget.py, shared with the bench
 BUDGET_MB, HIDDEN = 3400, [4096] * 5
 CODE = f"""
-import json
-from sparkdist.torchtrain.budget import budget_session, compare_under_budget
+import json, sys
+sys.path.insert(0, {BENCH!r})
+from budget import budget_session, compare_under_budget
 spark = budget_session({BUDGET_MB})
 print(json.dumps(compare_under_budget(spark, {HIDDEN})))
 spark.stop()
@@ -28,7 +31,8 @@ spark.stop()
 @pytest.mark.slow
 @pytest.mark.cluster
 def test_a_model_over_the_budget_fails_under_ddp_and_trains_under_fsdp():
-    from sparkdist.torchtrain.budget import model_state_mb
+    sys.path.insert(0, BENCH)
+    from budget import model_state_mb
 
     env = {key: value for key, value in os.environ.items() if key != "PYSPARK_SUBMIT_ARGS"}
     done = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True,

@@ -1,7 +1,7 @@
 """A real standalone cluster (a master and two workers from the pip pyspark): spark-submit the
 deep-model job and SIGKILL one executor JVM while it trains; the job must still finish.
 
-The job is submitted as the README says, ``spark-submit --master spark://...`` and nothing
+The job is submitted as docs/cluster.md says, ``spark-submit --master spark://...`` and nothing
 else telling sparkdist the master: the training ranks must run on the cluster's executors
 (their ids and hosts are in the fit's summary and the MLflow run), not on the driver.
 
@@ -34,7 +34,7 @@ _spec = importlib.util.spec_from_file_location("sparkdist_tests_standalone",
 standalone = sys.modules.setdefault(_spec.name, importlib.util.module_from_spec(_spec))
 _spec.loader.exec_module(standalone)
 
-EPOCHS = 30         # with BATCH_SIZE, ~1 s an epoch on two 1-core executors: ~30 s training
+EPOCHS = 12         # with BATCH_SIZE, ~1 s an epoch on two 1-core executors: ~12 s training
 BATCH_SIZE = 32
 KILL_AT_EPOCH = 3   # rank 0 has logged this epoch: training is under way
 TRAINING_STARTS_WITHIN_S = 180   # submit -> executors up -> data split -> epoch KILL_AT_EPOCH

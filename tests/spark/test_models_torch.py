@@ -275,6 +275,18 @@ def test_bad_params_name_the_param_and_the_fix(tiny):
         TorchEstimator(epochs=0).fit(tiny)
 
 
+def test_validation_indicator_col_holds_out_the_marked_rows(spark):
+    """pyspark's validationIndicatorCol (formerly validationCol): true rows validate only;
+    a non-boolean column is refused by that name."""
+    df = _small(spark, features=[[0.0, 1.0], [1.0, 0.0]] * 20, label=[0.0, 1.0] * 20,
+                is_val=[False] * 30 + [True] * 10)
+    model = TorchEstimator(validationIndicatorCol="is_val", batchSize=4, epochs=1,
+                           progress=False).fit(df)
+    assert model.trainingSummary["validation_rows"] == 10 and "val_loss" in model.history[0]
+    with pytest.raises(SchemaError, match="validationIndicatorCol: column 'label' has type"):
+        TorchEstimator(validationIndicatorCol="label", batchSize=4).fit(df)
+
+
 def test_missing_column_suggests_the_name(tiny):
     with pytest.raises(SchemaError, match="Did you mean 'label'"):
         TorchEstimator(labelCol="lable").fit(tiny)

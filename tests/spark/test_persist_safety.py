@@ -100,6 +100,18 @@ def test_a_named_module_is_never_imported(spark, tmp_path, monkeypatch):
     assert not (tmp_path / "IMPORTED").exists() and "planted_stage" not in sys.modules
 
 
+def test_the_allowlist_is_the_public_model_modules_and_the_assembler():
+    """persist finds sparkdist's stage modules by name (it must not import models): the
+    same modules as the models package's own table, nothing private, nothing made up."""
+    from sparkdist.models import MODULES
+    from sparkdist.persist import own_stage_module
+
+    assert all(own_stage_module(name) for name in (*MODULES, "sparkdist.features.assembly"))
+    for name in ("sparkdist.models._recovery", "sparkdist.models.os", "sparkdist.models",
+                 "sparkdist.models.torch.nn", "sparkdist.store", "sparkdist.models.x/../y"):
+        assert not own_stage_module(name), name
+
+
 def test_a_planted_inner_stage_of_a_feature_assembler_is_refused(frame, tmp_path, marker):
     path = tmp_path / "assembler"
     FeatureAssembler(numericCols=["x"], categoricalCols=["c"]).fit(frame).write().save(

@@ -363,7 +363,7 @@ class _Planted:
 
 
 def test_rank_results_come_back_as_bytes_never_unpickled(spark, tmp_path):
-    """The README's claim: what rank 0 returns reaches the caller as the same bytes, and
+    """docs/deep-models.md's claim: what rank 0 returns reaches the caller as the same bytes, and
     nothing in them is unpickled on the driver (Spark's collect wraps them in its own
     pickle stream; a plain ``pickle.loads`` of them would create ``planted``)."""
     planted = tmp_path / "planted"

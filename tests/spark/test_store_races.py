@@ -1,7 +1,7 @@
 """Races on S3, against a real S3 API server (moto) on AWS_ENDPOINT_URL: simultaneous exclusive
 creates (the commit of a save without overwrite) and simultaneous takeovers of an expired run
 lock each have exactly one winner; a paused driver's heartbeat leaves the new holder's lock
-alone (round 3: N5 and the README's "refused instead of deleted").
+alone (round 3: N5 and docs/reliability.md's "refused instead of deleted").
 
 The server is the one tests/spark/test_object_store.py starts on that port (session-scoped)
 when it runs first; otherwise this module starts one there for itself. No Spark needed."""

@@ -13,7 +13,7 @@ import torch
 from sparkdist.exceptions import ParamError
 from sparkdist.failpoints import arm
 from sparkdist.models import TorchEstimator, TorchModel
-from tests.torchfits import accuracy, same_weights, train_stage
+from tests.torchfits import accuracy, same_weights, train_spec, train_stage
 
 SETTINGS = {"progress": False, "batchSize": 100, "learningRate": 0.01, "numWorkers": 2,
             "modelKwargs": {"hidden": [32, 16], "dropout": 0.1}, "seed": 7,
@@ -127,14 +127,14 @@ def test_bad_fsdp_configurations_fail_before_launch(data):
 
 
 def test_fsdp_refuses_horovod_and_wraps_the_named_classes():
-    """backend='horovod' is refused by the strategy's own check (the estimator's checks
-    refuse it earlier where Horovod is not installed)."""
+    """backend='horovod' is refused by what fsdp declares it supports (the one
+    compatibility check)."""
     from sparkdist.torchtrain.nets import MLP
-    from sparkdist.torchtrain.strategies import check, fsdp
+    from sparkdist.torchtrain.strategies import check_compatible, fsdp
 
     net = MLP(input_dim=4, output_dim=1, hidden=[8, 8])
     with pytest.raises(ParamError, match="backend='horovod'.*set backend='torch'"):
-        check({"strategy": "fsdp", "backend": "horovod"}, net)
+        check_compatible(train_spec("fsdp", backend="horovod"))
     assert fsdp.wrap_units(net, []) == [net.layers[0], net.layers[2], net.layers[4]]
     assert fsdp.wrap_units(net, ["torch.nn.modules.linear.Linear"]) == [
         net.layers[4], net.layers[2], net.layers[0]]

@@ -218,7 +218,7 @@ class Residual(nn.Module):
      r"pipelineStages=2: the model has only 1 child to split"),
     ({"pipelineSplitPoints": ["layers.9"]}, r"pipelineSplitPoints: 'layers.9' is not a child"),
     ({"microBatches": 1}, r"pipelineSchedule='1f1b' needs microBatches >= pipelineStages"),
-    ({"backend": "horovod"}, r"not Horovod: set backend='torch'"),
+    ({"backend": "horovod"}, r"strategy='pipeline' with backend='horovod'.*set backend='torch'"),
 ])
 def test_bad_pipeline_configurations_fail_before_launch(data, settings, match):
     from sparkdist.torchtrain.backends import horovod_available

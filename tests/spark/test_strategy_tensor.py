@@ -18,7 +18,7 @@ from torch import nn
 from sparkdist.exceptions import ParamError
 from sparkdist.failpoints import arm
 from sparkdist.models import TorchEstimator, TorchModel
-from tests.torchfits import accuracy, same_weights, train_stage
+from tests.torchfits import accuracy, same_weights, train_spec, train_stage
 
 # Classes defined here travel to the executors by value (the test module is not importable
 # there).
@@ -202,7 +202,7 @@ def test_the_plan_pairs_linear_layers_in_call_order_and_refuses_horovod():
     """The driver's preflight (the estimator's checks refuse backend='horovod' earlier
     where Horovod is not installed)."""
     from sparkdist.torchtrain.nets import MLP
-    from sparkdist.torchtrain.strategies import check, tensor
+    from sparkdist.torchtrain.strategies import check_compatible, tensor
 
     net = MLP(input_dim=4, output_dim=3, hidden=[8, 6, 4], dropout=0.1)
     plan = tensor.plan_of(net, 4, 2)
@@ -213,9 +213,8 @@ def test_the_plan_pairs_linear_layers_in_call_order_and_refuses_horovod():
     with pytest.raises(ParamError, match="numWorkers=4 ranks.*set numWorkers to a divisor"):
         tensor.plan_of(MLP(input_dim=4, output_dim=1, hidden=[6, 6]), 4, 4)
     # an elastic restart may use the worker counts that divide the split widths (12 here)
-    usable = tensor.usable({"module": MLP, "module_kwargs": {"hidden": [12, 6]},
-                            "input_dim": 4, "output_dim": 1})
+    usable = tensor.usable(train_spec("tensor", input_dim=4))  # hidden [12, 6]
     assert [world for world in range(1, 13) if usable(world)] == [1, 2, 3, 4, 6, 12]
-    spec = {"strategy": "tensor", "backend": "horovod", "input_dim": 4, "num_workers": 2}
+    spec = train_spec("tensor", backend="horovod", input_dim=4, num_workers=2)
     with pytest.raises(ParamError, match="backend='horovod'.*set backend='torch'"):
-        check(spec, net)
+        check_compatible(spec)

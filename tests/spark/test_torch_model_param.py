@@ -81,7 +81,7 @@ def test_a_notebook_class_scores_in_session_and_says_how_to_load_it_elsewhere(
     the executors' Python workers do not have."""
     from sparkdist.exceptions import ModelLoadError
     from sparkdist.models import TorchModel
-    from sparkdist.torchtrain import loop
+    from sparkdist.torchtrain import network
 
     main_net = type("MainNet", (Narrow,), {"__module__": "__main__", "width": 4})
     model = TorchEstimator(model=main_net, epochs=1, batchSize=512, progress=False).fit(train)
@@ -90,6 +90,6 @@ def test_a_notebook_class_scores_in_session_and_says_how_to_load_it_elsewhere(
     path = str(tmp_path / "model")
     model.write().save(path)
     assert "notebook or script (__main__)" in caplog.text and "into a module" in caplog.text
-    loop._REGISTRY.pop("__main__.MainNet")  # as in a new process, where the cell never ran
+    network._REGISTRY.pop("__main__.MainNet")  # as in a new process, where the cell never ran
     with pytest.raises(ModelLoadError, match=r"__main__.MainNet.*notebook or script.*module"):
         TorchModel.load(path)

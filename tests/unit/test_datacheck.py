@@ -4,16 +4,19 @@ typed errors, and the driver ends the fit at once with that error."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pyarrow as pa
 import pytest
 
 from sparkdist.exceptions import ParamError, SchemaError
-from sparkdist.launch.barrier import _Attempts
+from sparkdist.launch.attempts import Attempts as _Attempts
 from sparkdist.torchtrain.datacheck import PartitionScan, check_stats, combine
+from sparkdist.torchtrain.spec import DataRules
 
-RULES = {"source": "features", "label_col": "label", "nan_policy": "error", "batch_size": 2,
-         "loss": "bce", "num_classes": 0}
+RULES = DataRules(source="features", label_col="label", nan_policy="error", batch_size=2,
+                  loss="bce", num_classes=0)
 
 
 def _batch(features, labels) -> pa.RecordBatch:
@@ -70,7 +73,7 @@ def test_the_rules_raise_the_typed_error_that_names_the_fix(change, error, match
 def test_dropping_bad_rows_is_allowed_when_asked():
     stats = {"rows": 10, "bad_rows": 3, "fractional": 0, "min_dim": 2, "max_dim": 2,
              "min_label": 0.0, "max_label": 1.0}
-    check_stats(stats, {**RULES, "nan_policy": "drop"})
+    check_stats(stats, dataclasses.replace(RULES, nan_policy="drop"))
 
 
 def test_a_rank_s_input_error_ends_the_fit_at_once_with_its_type():

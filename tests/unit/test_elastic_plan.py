@@ -10,9 +10,10 @@ import time
 import pytest
 
 from sparkdist.exceptions import TrainingError
-from sparkdist.launch.barrier import Launch, _Attempts, _Fit
+from sparkdist.launch.attempts import Attempts, Fit, Launch
 from sparkdist.launch.elastic import ElasticPlan, _next_launch, _SlotWatch
-from sparkdist.torchtrain.launch import for_world, with_header
+from sparkdist.torchtrain.launch import with_header
+from tests.torchfits import train_spec
 
 
 class _Context:
@@ -31,8 +32,8 @@ class _Session:
 
 
 def _watch(plan: ElasticPlan, world: int = 3, num_workers: int = 3, failed: int = 0):
-    session, fit = _Session(), _Fit(3, None, plan)
-    attempts = _Attempts(3, lambda: None)
+    session, fit = _Session(), Fit(3, None, plan)
+    attempts = Attempts(3, lambda: None)
     attempts._failed = failed
     launch = Launch(number=0, world=world, tag="sparkdist-test", attempts=attempts)
     fit.current = launch
@@ -87,10 +88,10 @@ def test_a_restart_grows_back_to_num_workers_never_beyond():
 
 def test_each_replan_counts_against_max_retries():
     plan = ElasticPlan(min_workers=1, slot_wait_s=60)
-    fit = _Fit(1, None, plan)
-    launch = Launch(0, 3, "t", _Attempts(1, lambda: None))
+    fit = Fit(1, None, plan)
+    launch = Launch(0, 3, "t", Attempts(1, lambda: None))
     assert _next_launch(fit, launch, 2) == (2, 1) and fit.failed_before == 1
-    launch = Launch(1, 2, "t", _Attempts(1, lambda: None, failed_before=1))
+    launch = Launch(1, 2, "t", Attempts(1, lambda: None, failed_before=1))
     with pytest.raises(TrainingError, match="gave up after 2 failed attempt"):
         _next_launch(fit, launch, 1)
 
@@ -98,8 +99,8 @@ def test_each_replan_counts_against_max_retries():
 def test_late_reports_of_a_cancelled_launch_are_dropped():
     plan = ElasticPlan(min_workers=2, slot_wait_s=60)
     seen: list[dict] = []
-    fit = _Fit(3, seen.append, plan)
-    fit.current = Launch(1, 2, "t", _Attempts(3, lambda: None, failed_before=1))
+    fit = Fit(3, seen.append, plan)
+    fit.current = Launch(1, 2, "t", Attempts(3, lambda: None, failed_before=1))
     fit.dispatch({"failure": "rank 1 lost its peer", "attempt": 7, "world_size": 3,
                   "launch": 0})
     fit.dispatch({"started": 3, "launch": 0})
@@ -112,11 +113,12 @@ def test_late_reports_of_a_cancelled_launch_are_dropped():
 
 
 def test_a_smaller_world_keeps_the_global_batch():
-    spec = {"batch_size": 64, "num_workers": 3, "epochs": 2}
-    assert for_world(spec, 2) == {"batch_size": 96, "num_workers": 2, "epochs": 2}
-    assert for_world(spec, 3) == spec
-    odd = for_world({"batch_size": 10, "num_workers": 4}, 3)
-    assert odd["batch_size"] == 14  # ceil(40 / 3): the global batch is at least 40
+    spec = train_spec(batch_size=64, num_workers=3, epochs=2)
+    smaller = spec.for_world(2)
+    assert (smaller.optim.batch_size, smaller.launch.num_workers) == (96, 2)
+    assert smaller.optim.epochs == 2 and spec.for_world(3) == spec
+    odd = train_spec(batch_size=10, num_workers=4).for_world(3)
+    assert odd.optim.batch_size == 14  # ceil(40 / 3): the global batch is at least 40
 
 
 def test_with_header_adds_keys_and_keeps_the_tensor_bytes():
@@ -137,6 +139,8 @@ def test_xgboost_elastic_params_are_range_checked_and_named_in_the_error():
         XGBoostClassifier(num_workers=2, minWorkers=3)._check_params()
     with pytest.raises(ParamError, match="slotWaitSeconds=0"):
         XGBoostClassifier(num_workers=2, slotWaitSeconds=0)._check_params()
-    plan = XGBoostClassifier(num_workers=3, minWorkers=2, slotWaitSeconds=9)._elastic()
+    plan = XGBoostClassifier(num_workers=3, minWorkers=2,
+                             slotWaitSeconds=9).elastic_plan("num_workers")
     assert (plan.min_workers, plan.slot_wait_s) == (2, 9)
-    assert XGBoostClassifier(num_workers=3)._elastic().min_workers == 3  # 0: num_workers
+    plan = XGBoostClassifier(num_workers=3).elastic_plan("num_workers")
+    assert plan.min_workers == 3  # 0: num_workers

@@ -13,8 +13,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from sparkdist import hooks
 from sparkdist.torchtrain import localsgd, straggle
-from sparkdist.torchtrain.loop import StepClock
+from sparkdist.torchtrain.clock import StepClock
 
 
 def _free_port() -> int:
@@ -101,27 +102,17 @@ def test_the_asynchronous_average_is_weighted_by_steps_and_keeps_later_steps(ran
 
 def test_the_straggler_sleeps_factor_minus_one_times_its_own_work_and_only_when_computing():
     clock = StepClock()
-    slow = straggle.Straggler({"rank": 1, "sleep_s": 0.0, "factor": 3.0}, rank=1)
-    other = straggle.Straggler({"rank": 1, "sleep_s": 0.0, "factor": 3.0}, rank=0)
-    for hook, computed, least, most in ((slow, True, 0.1, 0.5), (slow, False, 0.0, 0.04),
-                                        (other, True, 0.0, 0.04)):
+    hooks_armed = (straggle.Straggle(rank=1, factor=3.0),)
+
+    def work(epoch, step, features, label):  # the step's own work; None: nothing to compute
+        time.sleep(0.05)
+        return None if step else features.sum()
+
+    slow = hooks.around_step(work, hooks_armed, rank=1, clock=clock)
+    other = hooks.around_step(work, hooks_armed, rank=0, clock=clock)
+    assert other is work  # a rank with no hook armed runs its step unwrapped
+    rows = torch.ones(2, 1)
+    for step, least, most in ((0, 0.1, 0.5), (1, 0.0, 0.04)):
         started = time.perf_counter()
-        hook.begin(clock)
-        time.sleep(0.05)  # the step's own work
-        hook.end(clock, computed)
+        slow(0, step, rows, rows)
         assert least <= time.perf_counter() - started - 0.05 <= most
-    assert straggle.Straggler(None, rank=0).settings is None
-
-
-def test_refused_combinations_name_the_param():
-    from sparkdist.exceptions import ParamError
-    from sparkdist.torchtrain.compression import check_combination
-
-    defaults = {"strategy": "ddp", "backend": "torch", "gradientCompression": "none",
-                "syncEvery": 1, "maxStaleness": 0}
-    check_combination(defaults.get)
-    check_combination({**defaults, "backend": "horovod", "gradientCompression": "fp16"}.get)
-    for changes, named in (({"strategy": "fsdp", "syncEvery": 2}, "syncEvery=2"),
-                           ({"backend": "horovod", "maxStaleness": 3}, "maxStaleness=3")):
-        with pytest.raises(ParamError, match=named):
-            check_combination({**defaults, **changes}.get)

@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
+import ast
+import inspect
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+import sparkdist
+from sparkdist import exceptions
 from sparkdist.exceptions import (
     ClusterConfigError,
+    ConfigError,
+    ModelLoadError,
+    NotebookError,
     ParamError,
+    PathExistsError,
     SchemaError,
     SparkdistError,
+    StoreError,
     TrainingError,
 )
 from sparkdist.session import _env_conf, local_layout
@@ -46,11 +56,44 @@ def test_public_names_resolve():
 
 @pytest.mark.parametrize(
     ("error", "builtin"),
-    [(SchemaError, ValueError), (ParamError, ValueError),
-     (ClusterConfigError, RuntimeError), (TrainingError, RuntimeError)],
+    [(SchemaError, ValueError), (ParamError, ValueError), (ConfigError, ParamError),
+     (ClusterConfigError, RuntimeError), (TrainingError, RuntimeError),
+     (ModelLoadError, ValueError), (PathExistsError, FileExistsError), (StoreError, OSError),
+     (NotebookError, RuntimeError)],
 )
 def test_errors_are_typed(error, builtin):
     assert issubclass(error, SparkdistError) and issubclass(error, builtin)
+
+
+def _defined_errors() -> dict[str, str]:
+    """{class name: module file} of every public exception class sparkdist's source
+    defines (a class whose base's name ends in Error or Exception)."""
+    found = {}
+    for path in Path(sparkdist.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_") and any(
+                    ast.unparse(base).endswith(("Error", "Exception")) for base in node.bases):
+                found[node.name] = str(path)
+    return found
+
+
+def test_every_error_lives_in_exceptions_and_is_exported():
+    defined = _defined_errors()
+    assert {name: file for name, file in defined.items()
+            if not file.endswith("exceptions.py")} == {}, "move these to sparkdist/exceptions.py"
+    classes = {name for name, value in vars(exceptions).items()
+               if inspect.isclass(value) and issubclass(value, BaseException)}
+    assert classes == set(defined)
+    assert classes <= set(sparkdist.__all__)
+    assert all(getattr(sparkdist, name) is getattr(exceptions, name) for name in classes)
+
+
+def test_old_error_locations_still_import():
+    from sparkdist import config, failpoints, notebook, store
+
+    assert (store.StoreError, store.PathExistsError, config.ConfigError,
+            notebook.NotebookError, failpoints.FailpointError) == (
+        StoreError, PathExistsError, ConfigError, NotebookError, exceptions.FailpointError)
 
 
 @pytest.mark.parametrize(

@@ -15,8 +15,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from sparkdist.torchtrain.loop import StepClock, loss_sum  # noqa: E402
+from sparkdist.torchtrain.clock import StepClock  # noqa: E402
 from sparkdist.torchtrain.nets import MLP  # noqa: E402
+from sparkdist.torchtrain.network import loss_sum  # noqa: E402
 
 INPUT, CLASSES = 5, 3
 #: Rows of each rank at each step (rank order): the 2 x 2 run has an empty rank, an empty
@@ -37,10 +38,13 @@ def _rows(step, rank, size):
 
 
 def _args(stages, micro, schedule, optimizer="adam"):
-    return {"pipeline_stages": stages, "pipeline_split_points": [], "micro_batches": micro,
-            "pipeline_schedule": schedule, "batch_size": 3, "input_dim": INPUT,
-            "loss_fn": "cross_entropy", "optimizer": optimizer, "learning_rate": 0.01,
-            "weight_decay": 0.0}
+    from tests.torchfits import train_spec
+
+    return train_spec("pipeline", pipeline_stages=stages, micro_batches=micro,
+                      pipeline_schedule=schedule, batch_size=3, input_dim=INPUT,
+                      output_dim=CLASSES, num_classes=CLASSES, loss="cross_entropy",
+                      loss_fn="cross_entropy", optimizer=optimizer, learning_rate=0.01,
+                      weight_decay=0.0)
 
 
 class _Context:

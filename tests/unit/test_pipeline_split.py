@@ -12,12 +12,12 @@ from torch import nn  # noqa: E402
 from sparkdist.exceptions import ParamError  # noqa: E402
 from sparkdist.torchtrain.nets import MLP  # noqa: E402
 from sparkdist.torchtrain.strategies import pipeline, pipeline_split  # noqa: E402
+from tests.torchfits import train_spec  # noqa: E402
 
 
 def _spec(**changes):
-    return {"pipeline_stages": 2, "num_workers": 2, "backend": "torch",
-            "pipeline_schedule": "1f1b", "micro_batches": 4, "pipeline_split_points": [],
-            "input_dim": 6, **changes}
+    return train_spec("pipeline", **{"pipeline_stages": 2, "num_workers": 2,
+                                     "micro_batches": 4, "input_dim": 6, **changes})
 
 
 def _net(hidden=(16, 16, 16)):
@@ -117,7 +117,6 @@ def test_a_model_of_attributes_splits_at_its_top_level():
     (TopLevel(), {"pipeline_split_points": ["act", "head"], "pipeline_stages": 3,
                   "num_workers": 3}, r"pipelineStages=3: stage 1 would run only act"),
     (TopLevel(), {"num_workers": 3}, r"numWorkers=3 is not a multiple of pipelineStages=2"),
-    (TopLevel(), {"backend": "horovod"}, r"not Horovod: set backend='torch'"),
     (TopLevel(), {"pipeline_schedule": "1f1b", "micro_batches": 1},
      r"pipelineSchedule='1f1b' needs microBatches >= pipelineStages"),
 ])

@@ -13,6 +13,7 @@ from sparkdist.exceptions import ParamError  # noqa: E402
 from sparkdist.torchtrain import strategies  # noqa: E402
 from sparkdist.torchtrain.nets import MLP  # noqa: E402
 from sparkdist.torchtrain.strategies import pipeline_split  # noqa: E402
+from tests.torchfits import train_spec  # noqa: E402
 
 BOTH = r"'layers\.0' and 'layers\.2' share one Parameter \(layers\.0\.weight is layers\.2\.weight"
 
@@ -32,9 +33,8 @@ class Tied(nn.Module):
 
 
 def _spec(strategy: str, **changes):
-    return {"strategy": strategy, "pipeline_stages": 2, "num_workers": 2, "backend": "torch",
-            "pipeline_schedule": "1f1b", "micro_batches": 4, "pipeline_split_points": [],
-            "input_dim": 4, "output_dim": 1, "fsdp_wrap": [], **changes}
+    return train_spec(strategy, **{"pipeline_stages": 2, "num_workers": 2, "micro_batches": 4,
+                                   "input_dim": 4, **changes})
 
 
 def test_shared_parameters_names_every_tie_and_nothing_else():
@@ -51,7 +51,7 @@ def test_ddp_accepts_the_tie_and_keeps_one_parameter():
 @pytest.mark.parametrize(("strategy", "spec", "fix"), [
     ("tensor", {}, r"use strategy='ddp'.*or untie the modules"),
     ("fsdp", {}, r"units 'layers\.0' and 'layers\.2'.*use strategy='ddp'.*fsdpWrap naming"),
-    ("pipeline", {"pipeline_split_points": ["layers.2"]},
+    ("pipeline", {"pipeline_split_points": ("layers.2",)},
      r"pipelineSplitPoints=\['layers\.2'\] cuts between them.*use strategy='ddp'"),
     ("pipeline", {"pipeline_stages": 4, "num_workers": 4},
      r"no split into pipelineStages=4 stages keeps them in one stage.*fewer pipelineStages"),
@@ -64,7 +64,7 @@ def test_a_strategy_that_would_train_two_copies_refuses_naming_both_modules(stra
 
 def test_fsdp_accepts_a_tie_inside_one_unit():
     """fsdpWrap=['Sequential'] makes ``layers`` one unit: FSDP2 shards the Parameter once."""
-    strategies.check(_spec("fsdp", fsdp_wrap=["Sequential"]), Tied())
+    strategies.check(_spec("fsdp", fsdp_wrap=("Sequential",)), Tied())
 
 
 def test_pipeline_keeps_tied_layers_in_one_stage_holding_one_parameter():

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from sparkdist.exceptions import ParamError
-from sparkdist.torchtrain import loop
+from sparkdist.torchtrain import network
 
 
 class Net(torch.nn.Module):
@@ -26,24 +26,24 @@ def test_a_class_given_in_code_resolves_by_its_name_even_when_not_importable():
         return Local
 
     local = make()
-    name = loop.to_name(local)
+    name = network.to_name(local)
     assert name == f"{__name__}.test_a_class_given_in_code_resolves_by_its_name_even_when_" \
                    "not_importable.<locals>.make.<locals>.Local"
-    assert loop.resolve_model(name) is local
-    assert loop.resolve_model("sparkdist.torchtrain.nets.MLP").__name__ == "MLP"
+    assert network.resolve_model(name) is local
+    assert network.resolve_model("sparkdist.torchtrain.nets.MLP").__name__ == "MLP"
 
 
 def test_a_model_saved_under_the_old_package_name_still_resolves():
     from sparkdist.torchtrain.nets import MLP
 
-    assert loop.resolve_model("sparkdist.train.nets.MLP") is MLP
+    assert network.resolve_model("sparkdist.train.nets.MLP") is MLP
 
 
 @pytest.mark.parametrize("name", ["os.system", "builtins.print", "subprocess.Popen",
-                                  "sparkdist.torchtrain.loop.build_module"])
+                                  "sparkdist.torchtrain.network.build_module"])
 def test_anything_but_an_nn_module_class_is_refused_as_model(name):
     with pytest.raises(ParamError, match=rf"model='{name}' is .*not an nn.Module subclass"):
-        loop.resolve_model(name)
+        network.resolve_model(name)
 
 
 def test_a_module_named_only_in_a_param_is_never_imported(tmp_path, monkeypatch):
@@ -52,7 +52,7 @@ def test_a_module_named_only_in_a_param_is_never_imported(tmp_path, monkeypatch)
         f"open({str(marker)!r}, 'w').write('ran')\nimport torch\n"
         "class Net(torch.nn.Module):\n    pass\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    for resolve in (loop.resolve_model, loop.resolve_loss):
+    for resolve in (network.resolve_model, network.resolve_loss):
         with pytest.raises(ParamError, match="'planted_module_xyz.Net' cannot be imported .*"
                                              "import planted_module_xyz"):
             resolve("planted_module_xyz.Net")
@@ -64,14 +64,14 @@ def per_row(output, label):
 
 
 def test_losses_builtin_module_classes_and_functions_given_in_code():
-    assert loop.resolve_loss("bce") == "bce"
-    assert isinstance(loop.resolve_loss(loop.to_name(torch.nn.L1Loss)), torch.nn.L1Loss)
-    assert isinstance(loop.resolve_loss(f"{__name__}.Net"), Net)
-    name = loop.to_name(per_row)
-    assert loop.resolve_loss(name) is per_row
+    assert network.resolve_loss("bce") == "bce"
+    assert isinstance(network.resolve_loss(network.to_name(torch.nn.L1Loss)), torch.nn.L1Loss)
+    assert isinstance(network.resolve_loss(f"{__name__}.Net"), Net)
+    name = network.to_name(per_row)
+    assert network.resolve_loss(name) is per_row
     for refused in ("os.system", "torch.nn.functional.l1_loss"):
         with pytest.raises(ParamError, match=rf"loss='{refused}' is .*pass a function"):
-            loop.resolve_loss(refused)
+            network.resolve_loss(refused)
 
 
 def test_objects_that_are_neither_class_nor_function_are_refused_by_the_param():

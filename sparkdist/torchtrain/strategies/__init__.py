@@ -1,4 +1,4 @@
-"""How a network is spread over the barrier ranks: one module per strategy behind one small
+"""How a network is spread over the barrier ranks: one module per strategy behind one declared
 interface, so the training loop (:mod:`sparkdist.torchtrain.loop`) is written once.
 
 - ``ddp`` (:mod:`.ddp`): a whole replica per rank; the gradients are averaged (DDP or Horovod).
@@ -6,9 +6,13 @@ interface, so the training loop (:mod:`sparkdist.torchtrain.loop`) is written on
 - ``pipeline`` (:mod:`.pipeline`): the model's top-level children split into stages.
 - ``tensor`` (:mod:`.tensor`): each Linear layer's matrices split across the ranks.
 
-A strategy module defines ``Strategy`` (a subclass of :class:`Strategy`) and
-``check(spec, module)``, the driver's preflight (``module`` built on the driver). The loop
-calls, on every rank and in this order: ``setup(module)``, ``optimizer()``, then per step
+A strategy module implements :class:`StrategyModule`: it declares what it supports
+(``SUPPORTS``: backends, gradient compression, local steps; ``usable``: the world sizes an
+elastic restart may take it to), which :func:`check_compatible` alone reads; it gives the
+driver's preflight ``check(spec, module)`` (``module`` built on the driver); and its
+``Strategy`` class implements :class:`Strategy` on every rank (:class:`.base.WholeModel` is
+the behaviour of a whole model on every rank, which the others refine). The loop calls, on
+every rank and in this order: ``setup(module)``, ``optimizer()``, then per step
 ``train_step`` and per validation batch ``predict`` (every rank the same number of times),
 and ``full_state`` / ``save_training_state`` / ``load_training_state`` for results and
 checkpoints (collective).
@@ -21,9 +25,10 @@ refuse them with :func:`tied_error`, in their ``check`` (the driver's preflight)
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from sparkdist.columns import check_one_of
 from sparkdist.exceptions import ParamError
@@ -32,26 +37,138 @@ if TYPE_CHECKING:
     import torch
 
     from sparkdist.launch.barrier import WorkerContext
+    from sparkdist.torchtrain.clock import StepClock
+    from sparkdist.torchtrain.spec import TrainSpec
 
 STRATEGIES = ("ddp", "fsdp", "pipeline", "tensor")
 
 
-def strategy_module(name: str) -> Any:
+@dataclasses.dataclass(frozen=True)
+class Supports:
+    """What a strategy can train with; :func:`check_compatible` refuses anything else."""
+
+    #: the communication backends (:mod:`sparkdist.torchtrain.backends`) it runs on
+    backends: tuple[str, ...] = ("torch",)
+    #: why it cannot run on the others, for the ParamError
+    why: str = ""
+    #: ``gradientCompression`` modes (:mod:`sparkdist.torchtrain.compression`)
+    compressions: tuple[str, ...] = ("none",)
+    #: local steps and model averaging (``syncEvery`` > 1, ``maxStaleness`` > 0)
+    local_steps: bool = False
+
+
+@runtime_checkable
+class Strategy(Protocol):
+    """One rank's part of a strategy: what the training loop calls."""
+
+    name: str
+    module: Any  # this rank's part of the network
+    model: Any  # what a training step calls
+
+    def setup(self, module: torch.nn.Module) -> None: ...
+
+    def optimizer(self) -> Any: ...
+
+    def train_step(self, features: torch.Tensor, label: torch.Tensor, scale: float,
+                   optimizer: Any) -> torch.Tensor: ...
+
+    def predict(self, features: torch.Tensor) -> torch.Tensor | None: ...
+
+    def full_state(self) -> dict[str, Any] | None: ...
+
+    def save_training_state(self, optimizer: Any, where: str) -> dict[str, Any] | None: ...
+
+    def load_training_state(self, saved: dict[str, Any], optimizer: Any) -> None: ...
+
+    def state_bytes(self, optimizer: Any) -> int: ...
+
+
+@runtime_checkable
+class StrategyModule(Protocol):
+    """What every strategy module declares and defines."""
+
+    SUPPORTS: Supports
+    Strategy: Callable[..., Strategy]
+
+    def check(self, spec: TrainSpec, module: torch.nn.Module) -> None:
+        """The driver's preflight with the network built: ParamError naming the Param."""
+
+    def usable(self, spec: TrainSpec) -> Callable[[int], bool]:
+        """``world -> bool``: the worker counts a launch may run this strategy on."""
+
+
+def strategy_module(name: str) -> StrategyModule:
     """The module of strategy ``name`` (only the fixed names above are ever imported)."""
     check_one_of("strategy", name, STRATEGIES)
-    return importlib.import_module(f"{__name__}.{name}")
+    found: StrategyModule = importlib.import_module(f"{__name__}.{name}")  # type: ignore[assignment]
+    return found
 
 
 def make_strategy(context: WorkerContext, backend: Any, device: torch.device,
-                  args: dict[str, Any], clock: Any) -> Strategy:
-    return strategy_module(args.get("strategy", "ddp")).Strategy(context, backend, device,
-                                                                 args, clock)
+                  spec: TrainSpec, clock: StepClock) -> Strategy:
+    return strategy_module(spec.strategy.name).Strategy(context, backend, device, spec, clock)
 
 
-def check(spec: dict[str, Any], module: torch.nn.Module) -> None:
+def check(spec: TrainSpec, module: torch.nn.Module) -> None:
     """The chosen strategy's preflight on the driver: ParamError naming the Param and the fix
     for a configuration that cannot train (before anything is launched)."""
-    strategy_module(spec.get("strategy", "ddp")).check(spec, module)
+    strategy_module(spec.strategy.name).check(spec, module)
+
+
+def usable(spec: TrainSpec) -> Callable[[int], bool]:
+    """``world -> bool``: the worker counts an elastic restart may run the chosen strategy
+    on (its module's declaration)."""
+    return strategy_module(spec.strategy.name).usable(spec)
+
+
+def any_world(spec: TrainSpec) -> Callable[[int], bool]:
+    """``usable`` of a strategy that runs on any number of workers."""
+    return _any_world
+
+
+def _any_world(world: int) -> bool:
+    return True
+
+
+def check_compatible(spec: TrainSpec) -> None:
+    """The one check of strategy, backend and communication settings against what the
+    strategy (``SUPPORTS``) and the backend (its class's ``compressions``/``local_steps``)
+    declare: ParamError naming the Param and the fix."""
+    from sparkdist.torchtrain import backends, compression
+
+    name, comm = spec.strategy.name, spec.comm
+    supports = strategy_module(name).SUPPORTS
+    backend = backends.backend_class(comm.backend)  # ParamError: unknown backend
+    check_one_of("gradientCompression", comm.gradient_compression, compression.COMPRESSIONS)
+    if comm.backend not in supports.backends:
+        raise ParamError(f"strategy={name!r} with backend={comm.backend!r}: {supports.why}; "
+                         f"set backend={supports.backends[0]!r}.")
+    local = [f"{param}={value!r}" for param, value, off in (
+        ("syncEvery", comm.sync_every, 1), ("maxStaleness", comm.max_staleness, 0))
+        if value != off]
+    asked = [f"gradientCompression={comm.gradient_compression!r}"] * (
+        comm.gradient_compression not in supports.compressions) + (
+        local if not supports.local_steps else [])
+    if asked:
+        raise ParamError(f"{', '.join(asked)} need(s) strategy='ddp' (a whole replica per "
+                         f"worker), not strategy={name!r}: use strategy='ddp' or leave "
+                         "gradientCompression='none', syncEvery=1, maxStaleness=0.")
+    _check_backend(backend, comm.gradient_compression, local)
+
+
+def _check_backend(backend: Any, compression: str, local: list[str]) -> None:
+    from sparkdist.torchtrain.backends import HOROVOD_INSTALL, horovod_available
+
+    if compression not in backend.compressions:
+        raise ParamError(f"gradientCompression={compression!r} has no {backend.title} "
+                         f"equivalent: use one of {list(backend.compressions)}, or "
+                         "backend='torch'.")
+    if local and not backend.local_steps:
+        raise ParamError(f"{', '.join(local)} needs backend='torch' (local steps and model "
+                         f"averaging are not built for {backend.title}): set syncEvery=1, "
+                         "maxStaleness=0 or backend='torch'.")
+    if backend.name == "horovod" and not horovod_available():
+        raise ParamError(f"backend='horovod': {HOROVOD_INSTALL}")
 
 
 def shared_parameters(module: torch.nn.Module) -> list[list[str]]:
@@ -85,89 +202,3 @@ def tied_error(strategy: str, names: list[str], why: str, fix: str = "") -> Para
                       f"{' is '.join(names)}, weight tying), and {why}, so the tie would "
                       f"be broken; use strategy='ddp' (which keeps it one tensor), {fix}or "
                       f"untie the modules (give each its own Parameter).")
-
-
-def usable(spec: dict[str, Any]) -> Callable[[int], bool]:
-    """``world -> bool``: the worker counts an elastic restart may run the chosen strategy
-    on (its module's ``usable(spec)`` where it limits them, e.g. pipeline, tensor)."""
-    limit = getattr(strategy_module(spec.get("strategy", "ddp")), "usable", None)
-    return limit(spec) if limit else _any_world
-
-
-def _any_world(world: int) -> bool:
-    return True
-
-
-class Strategy:
-    """The interface, with the behaviour of a whole model on every rank."""
-
-    name = "base"
-
-    def __init__(self, context: WorkerContext, backend: Any, device: torch.device,
-                 args: dict[str, Any], clock: Any) -> None:
-        self.context, self.backend, self.device, self.args = context, backend, device, args
-        self.clock = clock  # sparkdist.torchtrain.loop.StepClock
-        self.module: Any = None  # this rank's part of the network (all of it here)
-        self.model: Any = None  # what a training step calls
-
-    def setup(self, module: torch.nn.Module) -> None:
-        """Place, wrap or split ``module`` (built from the same seed on every rank)."""
-        self.module = self.model = module.to(self.device)
-
-    def optimizer(self) -> Any:
-        """The optimizer over the parameters this rank holds."""
-        from sparkdist.torchtrain.loop import make_optimizer
-
-        args = self.args
-        return make_optimizer(args["optimizer"], self.module.parameters(),
-                              args["learning_rate"], args["weight_decay"])
-
-    def train_step(self, features: torch.Tensor, label: torch.Tensor, scale: float,
-                   optimizer: Any) -> torch.Tensor:
-        """Forward, backward (the loss sum times ``scale``) and the optimizer step; returns
-        the unscaled loss sum of this rank's rows, detached (zero where a rank computes no
-        loss)."""
-        from sparkdist.torchtrain.loop import loss_sum
-
-        output = self.model(features)
-        loss = loss_sum(self.args["loss_fn"], output, label)
-        optimizer.zero_grad()
-        (loss * scale).backward()
-        self.clock.backward_done()
-        optimizer.step()
-        return loss.detach()
-
-    def predict(self, features: torch.Tensor) -> torch.Tensor | None:
-        """Evaluation outputs for ``features`` (no grad, eval mode set by the caller), or
-        None on a rank that produces none (a pipeline stage before the last)."""
-        return self.module(features)
-
-    def full_state(self) -> dict[str, Any] | None:
-        """The whole model's state dict, on CPU, on rank 0 (None elsewhere). Collective."""
-        if self.context.rank != 0:
-            return None
-        return {name: value.detach().cpu().clone()
-                for name, value in self.module.state_dict().items()}
-
-    def save_training_state(self, optimizer: Any, where: str) -> dict[str, Any] | None:
-        """What a checkpoint keeps of the model and optimizer: rank 0's whole state dicts
-        here (None elsewhere). A sharded strategy writes every rank's shard under the
-        directory ``where`` and returns what finds it again. Collective."""
-        if self.context.rank != 0:
-            return None
-        return {"model": self.full_state(), "optimizer": optimizer.state_dict()}
-
-    def state_bytes(self, optimizer: Any) -> int:
-        """Bytes this rank holds of parameters, gradients and optimizer state (its shards
-        only, for a sharded or split model): the memory a strategy divides."""
-        tensors = [*self.module.parameters(),
-                   *(p.grad for p in self.module.parameters() if p.grad is not None),
-                   *(value for state in optimizer.state.values() for value in state.values()
-                     if hasattr(value, "element_size"))]
-        local = (t.to_local() if hasattr(t, "to_local") else t for t in tensors)
-        return sum(t.numel() * t.element_size() for t in local)
-
-    def load_training_state(self, saved: dict[str, Any], optimizer: Any) -> None:
-        """Restore what :meth:`save_training_state` returned (read back by every rank)."""
-        self.module.load_state_dict(saved["model"])
-        optimizer.load_state_dict(saved["optimizer"])

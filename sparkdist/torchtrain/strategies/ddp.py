@@ -6,25 +6,32 @@ the gradients in each step's backward pass, in float32 or compressed
 (local SGD) or ``maxStaleness > 0`` (bounded staleness) the ranks take local steps and
 average their models instead, after ``syncWarmupSteps`` synchronous steps
 (:mod:`sparkdist.torchtrain.localsgd` says when, and what that does to checkpoints and
-determinism). A straggler armed by :mod:`sparkdist.torchtrain.straggle` (tests, benchmarks)
-sleeps after each step it computes.
+determinism). Runs on every backend; the backend's class declares which compression and
+local-step settings it adds (:func:`sparkdist.torchtrain.strategies.check_compatible`).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from sparkdist.torchtrain import compression, localsgd, straggle, strategies
+from sparkdist.torchtrain import compression, localsgd, strategies
+from sparkdist.torchtrain.strategies.base import WholeModel
 
 if TYPE_CHECKING:
     import torch
 
+    from sparkdist.torchtrain.spec import TrainSpec
 
-def check(spec: dict[str, Any], module: torch.nn.Module) -> None:
+SUPPORTS = strategies.Supports(backends=("torch", "horovod"),
+                               compressions=compression.COMPRESSIONS, local_steps=True)
+usable = strategies.any_world
+
+
+def check(spec: TrainSpec, module: torch.nn.Module) -> None:
     """Nothing beyond TorchEstimator's own checks."""
 
 
-class Strategy(strategies.Strategy):
+class Strategy(WholeModel):
     name = "ddp"
 
     def __init__(self, *args: Any) -> None:
@@ -33,22 +40,21 @@ class Strategy(strategies.Strategy):
         self.hook: compression.GradientHook | None = None
         self.local: localsgd.LocalSGD | None = None
         self._dirty = False  # local steps taken since the ranks last held the same model
-        self.straggler = straggle.Straggler(self.args.get("straggle"), self.context.rank)
 
     def setup(self, module: torch.nn.Module) -> None:
-        """DDP broadcasts rank 0's weights when it wraps the module (Horovod: a broadcast)."""
-        args = self.args
+        """DDP broadcasts rank 0's weights when it wraps the module (Horovod: a broadcast;
+        Horovod compresses in its optimizer, torch in a DDP communication hook)."""
+        comm = self.spec.comm
         self.module = module.to(self.device)
-        kind = args.get("gradient_compression", "none")
-        if self.backend.name == "torch" and kind != "none":
-            self.hook = compression.GradientHook(kind, self.clock, args.get("powersgd_rank", 2),
-                                                 args.get("sync_warmup_steps", 0))
+        if self.backend.name == "torch" and comm.gradient_compression != "none":
+            self.hook = compression.GradientHook(comm.gradient_compression, self.clock,
+                                                 comm.powersgd_rank, comm.sync_warmup_steps)
         self.model = self.clock.watch(self.backend.wrap_model(self.module, self.device),
                                       self.hook)
         self.local = self._local_steps()
 
     def _local_steps(self) -> localsgd.LocalSGD | None:
-        every, staleness = self.args.get("sync_every", 1), self.args.get("max_staleness", 0)
+        every, staleness = self.spec.comm.sync_every, self.spec.comm.max_staleness
         if staleness > 0:
             return localsgd.BoundedStaleness(self.module, every, staleness, self.clock,
                                              self.context.rank, self.context.world_size,
@@ -57,18 +63,15 @@ class Strategy(strategies.Strategy):
 
     def optimizer(self) -> Any:
         return self.backend.wrap_optimizer(super().optimizer(), self.module,
-                                           self.args.get("gradient_compression", "none"))
+                                           self.spec.comm.gradient_compression)
 
     def train_step(self, features: torch.Tensor, label: torch.Tensor, scale: float,
                    optimizer: Any) -> torch.Tensor:
         """A DDP step (the warm-up, or always without local steps); else a local step on this
         rank's rows (its own mean gradient), skipped when bounded staleness says so."""
         call, self.calls = self.calls, self.calls + 1
-        self.straggler.begin(self.clock)
-        if self.local is None or call < self.args.get("sync_warmup_steps", 0):
-            loss = self._step(self.model, features, label, scale, optimizer)
-            self.straggler.end(self.clock, True)
-            return loss
+        if self.local is None or call < self.spec.comm.sync_warmup_steps:
+            return self._step(self.model, features, label, scale, optimizer)
         compute = self.local.compute(call)
         if not compute:
             self.clock.skipped()
@@ -77,21 +80,8 @@ class Strategy(strategies.Strategy):
             loss = self._step(self.module, features, label, 1.0 / rows, optimizer)
         else:
             loss = features.new_zeros(())
-        self.straggler.end(self.clock, compute and rows > 0)
         self._dirty = not self.local.after_step(call, compute and rows > 0)
         return loss
-
-    def _step(self, model: Any, features: torch.Tensor, label: torch.Tensor, scale: float,
-              optimizer: Any) -> torch.Tensor:
-        from sparkdist.torchtrain.loop import loss_sum
-
-        output = model(features)
-        loss = loss_sum(self.args["loss_fn"], output, label)
-        optimizer.zero_grad()
-        (loss * scale).backward()
-        self.clock.backward_done()
-        optimizer.step()
-        return loss.detach()
 
     def _same_model(self, optimizer: Any = None) -> None:
         """Every rank the same model (and with ``optimizer``, its state). Collective."""

@@ -20,9 +20,17 @@ from typing import TYPE_CHECKING, Any
 
 from sparkdist.exceptions import ParamError
 from sparkdist.torchtrain import strategies
+from sparkdist.torchtrain.strategies.base import WholeModel
 
 if TYPE_CHECKING:
     import torch
+
+    from sparkdist.torchtrain.spec import TrainSpec
+
+SUPPORTS = strategies.Supports(
+    backends=("torch",), why="FSDP shards through torch.distributed collectives (all-gather, "
+    "reduce-scatter), which Horovod does not provide")
+usable = strategies.any_world
 
 CPU_MIXED_PRECISION = (
     "mixedPrecision=True needs GPU executors: on CPU, bfloat16 matrix products have no "
@@ -31,16 +39,11 @@ CPU_MIXED_PRECISION = (
     "useGpu=True on a cluster with GPUs.")
 
 
-def check(spec: dict[str, Any], module: torch.nn.Module) -> None:
-    """ParamError for a configuration FSDP cannot train, before launch."""
-    if spec.get("backend", "torch") != "torch":
-        raise ParamError(f"strategy='fsdp' with backend={spec['backend']!r}: FSDP shards "
-                         "through torch.distributed collectives (all-gather, "
-                         "reduce-scatter), which Horovod does not provide; set "
-                         "backend='torch'.")
-    if spec.get("mixed_precision") and spec.get("use_gpu") is False:
+def check(spec: TrainSpec, module: torch.nn.Module) -> None:
+    """ParamError for a model or setting FSDP cannot train, before launch."""
+    if spec.strategy.mixed_precision and spec.launch.use_gpu is False:
         raise ParamError(CPU_MIXED_PRECISION)
-    units = wrap_units(module, list(spec.get("fsdp_wrap") or []))  # ParamError: unknown name
+    units = wrap_units(module, list(spec.strategy.fsdp_wrap))  # ParamError: unknown name
     check_ties(module, units)
 
 
@@ -109,7 +112,7 @@ def _class_names(module: torch.nn.Module) -> tuple[str, str]:
     return kind.__name__, f"{kind.__module__}.{kind.__qualname__}"
 
 
-class Strategy(strategies.Strategy):
+class Strategy(WholeModel):
     name = "fsdp"
 
     def setup(self, module: torch.nn.Module) -> None:
@@ -121,13 +124,13 @@ class Strategy(strategies.Strategy):
 
         from sparkdist.torchtrain.sharded import fresh_dtensor_caches
 
-        if self.args.get("mixed_precision") and self.device.type != "cuda":
+        if self.spec.strategy.mixed_precision and self.device.type != "cuda":
             raise ParamError(CPU_MIXED_PRECISION)
         fresh_dtensor_caches()  # this reused worker may have held another rank before
         module = module.to(self.device)
         mesh = init_device_mesh(self.device.type, (self.context.world_size,))
         policy = self._mixed_precision()
-        for unit in wrap_units(module, list(self.args.get("fsdp_wrap") or [])):
+        for unit in wrap_units(module, list(self.spec.strategy.fsdp_wrap)):
             fully_shard(unit, mesh=mesh, mp_policy=policy)
         fully_shard(module, mesh=mesh, mp_policy=policy)
         self.module = self.model = module
@@ -138,7 +141,7 @@ class Strategy(strategies.Strategy):
         import torch
         from torch.distributed.fsdp import MixedPrecisionPolicy
 
-        if not self.args.get("mixed_precision"):
+        if not self.spec.strategy.mixed_precision:
             return MixedPrecisionPolicy()
         return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
                                     output_dtype=torch.float32)

@@ -43,46 +43,51 @@ from typing import TYPE_CHECKING, Any
 
 from sparkdist.exceptions import ParamError, TrainingError
 from sparkdist.torchtrain import strategies
+from sparkdist.torchtrain.network import loss_sum
+from sparkdist.torchtrain.strategies.base import WholeModel
 
 if TYPE_CHECKING:
     import torch
+
+    from sparkdist.torchtrain.spec import TrainSpec
 
 #: The ``format`` of the training state this strategy puts into checkpoints: an index of one
 #: file per stage.
 FORMAT = "pipeline-stage-files"
 
+SUPPORTS = strategies.Supports(
+    backends=("torch",), why="the pipeline runs on torch.distributed (its pipelining module), "
+    "which Horovod does not provide")
 
-def usable(spec: dict[str, Any]) -> Any:
-    """``world -> bool``: an elastic restart needs a multiple of the stages."""
+
+def usable(spec: TrainSpec) -> Any:
+    """``world -> bool``: a launch needs a multiple of the stages."""
     import functools
 
-    return functools.partial(_multiple_of, int(spec.get("pipeline_stages")
-                                               or spec["num_workers"]))
+    return functools.partial(_multiple_of, spec.strategy.pipeline_stages)
 
 
 def _multiple_of(stages: int, world: int) -> bool:
     return world % stages == 0
 
 
-def check(spec: dict[str, Any], module: torch.nn.Module) -> None:
+def check(spec: TrainSpec, module: torch.nn.Module) -> None:
     """Driver preflight: ParamError naming the Param and the fix."""
     from sparkdist.torchtrain.strategies import pipeline_split
 
-    stages, workers = spec["pipeline_stages"], spec["num_workers"]
-    if spec.get("backend") == "horovod":
-        raise ParamError("strategy='pipeline' runs on torch.distributed (its pipelining "
-                         "module), not Horovod: set backend='torch'.")
+    chosen = spec.strategy
+    stages, workers = chosen.pipeline_stages, spec.launch.num_workers
     if workers % stages:
         raise ParamError(f"numWorkers={workers} is not a multiple of pipelineStages={stages}: "
                          f"every stage needs the same number of workers (data-parallel "
                          f"replicas); set numWorkers to a multiple of {stages}, or "
                          f"pipelineStages to a divisor of {workers}.")
-    if spec["pipeline_schedule"] == "1f1b" and spec["micro_batches"] < stages:
+    if chosen.pipeline_schedule == "1f1b" and chosen.micro_batches < stages:
         raise ParamError(f"pipelineSchedule='1f1b' needs microBatches >= pipelineStages; got "
-                         f"microBatches={spec['micro_batches']} for {stages} stages: raise "
+                         f"microBatches={chosen.micro_batches} for {stages} stages: raise "
                          f"microBatches to {stages} or more, or use pipelineSchedule='gpipe'.")
-    pipeline_split.split_plan(module, stages, spec["pipeline_split_points"])
-    pipeline_split.check_sequential(module, spec["input_dim"])
+    pipeline_split.split_plan(module, stages, list(chosen.pipeline_split_points))
+    pipeline_split.check_sequential(module, spec.model.input_dim)
 
 
 def rows_per_round(stages: int, batch_size: int, micro_batches: int) -> int:
@@ -91,7 +96,7 @@ def rows_per_round(stages: int, batch_size: int, micro_batches: int) -> int:
     return micro_batches * math.ceil(stages * (batch_size + 1) / micro_batches)
 
 
-class Strategy(strategies.Strategy):
+class Strategy(WholeModel):
     name = "pipeline"
 
     def setup(self, module: torch.nn.Module) -> None:
@@ -100,20 +105,21 @@ class Strategy(strategies.Strategy):
 
         from sparkdist.torchtrain.strategies import pipeline_split
 
-        args, rank = self.args, self.context.rank
-        self.stages = args["pipeline_stages"]
+        chosen, rank = self.spec.strategy, self.context.rank
+        self.stages = chosen.pipeline_stages
         self.replicas = self.context.world_size // self.stages
         self.stage, self.replica = rank % self.stages, rank // self.stages
         self.first, self.last = self.stage == 0, self.stage == self.stages - 1
-        plan = pipeline_split.split_plan(module, self.stages, args["pipeline_split_points"])
+        plan = pipeline_split.split_plan(module, self.stages,
+                                         list(chosen.pipeline_split_points))
         self.all_names = [name for name, _ in module.named_parameters()]
-        self.tail, self.out_dtype = _output_shape(module, args["input_dim"])
+        self.tail, self.out_dtype = _output_shape(module, self.spec.model.input_dim)
         self.pipe_group, self.dp_group = self._groups()
         self.module = self.model = pipeline_split.stage_module(module, plan,
                                                                self.stage).to(self.device)
-        micro = args["micro_batches"]
-        self.rows = rows_per_round(self.stages, args["batch_size"], micro)
-        schedule = Schedule1F1B if args["pipeline_schedule"] == "1f1b" else ScheduleGPipe
+        micro = chosen.micro_batches
+        self.rows = rows_per_round(self.stages, self.spec.optim.batch_size, micro)
+        schedule = Schedule1F1B if chosen.pipeline_schedule == "1f1b" else ScheduleGPipe
         self.schedule = schedule(self._stage(PipelineStage), micro, loss_fn=self._loss,
                                  scale_grads=False)
         # forward only (validation): a schedule of its own, so switching between training and
@@ -122,7 +128,7 @@ class Strategy(strategies.Strategy):
         self.context.log(f"pipeline: {plan.describe()}; rank {rank} runs stage {self.stage} "
                          f"of replica {self.replica} ({self.replicas} replicas); rounds of "
                          f"{self.rows} rows in {micro} micro-batches, "
-                         f"{args['pipeline_schedule']}")
+                         f"{chosen.pipeline_schedule}")
 
     def _stage(self, stage_class: Any) -> Any:
         return stage_class(self.module, self.stage, self.stages, self.device,
@@ -162,7 +168,8 @@ class Strategy(strategies.Strategy):
 
         sizes = self._sizes(len(features))
         mine = sizes[self.replica * self.stages:(self.replica + 1) * self.stages]
-        inputs = self._gather_rows(features.reshape(len(features), self.args["input_dim"]), mine, 0)
+        inputs = self._gather_rows(features.reshape(len(features), self.spec.model.input_dim),
+                                   mine, 0)
         labels = self._gather_rows(label.reshape(-1), mine, self.stages - 1)
         self.clock.tock("communication")  # the batch sizes and the rows to their stages
         optimizer.zero_grad()
@@ -192,10 +199,8 @@ class Strategy(strategies.Strategy):
     def _loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """The summed loss of a micro-batch's real rows (``target``: label, weight 1; a
         padding row has weight 0 and is left out, so it adds nothing to the gradient)."""
-        from sparkdist.torchtrain.loop import loss_sum
-
         keep = target[:, 1] > 0
-        return loss_sum(self.args["loss_fn"], output[keep], target[keep, 0])
+        return loss_sum(self.spec.model.loss_fn, output[keep], target[keep, 0])
 
     def _reduce_gradients(self, factor: float) -> None:
         """Scale this stage's gradients by ``factor`` (1 / rows in the global step) and sum
@@ -225,7 +230,8 @@ class Strategy(strategies.Strategy):
 
         sizes = self._sizes(len(features))
         mine = sizes[self.replica * self.stages:(self.replica + 1) * self.stages]
-        inputs = self._gather_rows(features.reshape(len(features), self.args["input_dim"]), mine, 0)
+        inputs = self._gather_rows(features.reshape(len(features), self.spec.model.input_dim),
+                                   mine, 0)
         outputs = []
         for start in range(0, self._rounds(sizes) * self.rows, self.rows):
             args = (self._padded(inputs, start),) if self.first else ()

@@ -30,13 +30,17 @@ from typing import TYPE_CHECKING, Any
 
 from sparkdist.exceptions import ParamError
 from sparkdist.torchtrain import strategies
+from sparkdist.torchtrain.network import build_module, loss_sum
+from sparkdist.torchtrain.strategies.base import WholeModel
 
 if TYPE_CHECKING:
     import torch
 
-HOROVOD = ("strategy='tensor' with backend='horovod': DTensor splits the layers through "
-           "torch.distributed collectives (all-gather, all-reduce on a device mesh), which "
-           "Horovod does not provide; set backend='torch'.")
+    from sparkdist.torchtrain.spec import TrainSpec
+
+SUPPORTS = strategies.Supports(
+    backends=("torch",), why="DTensor splits the layers through torch.distributed collectives "
+    "(all-gather, all-reduce on a device mesh), which Horovod does not provide")
 
 #: Modules that act on each hidden unit separately: they may run on a rank's slice.
 ELEMENTWISE = ("ReLU", "ReLU6", "GELU", "SiLU", "Mish", "Tanh", "Sigmoid", "Hardtanh",
@@ -62,27 +66,24 @@ class Plan:
         return plan
 
 
-def check(spec: dict[str, Any], module: torch.nn.Module) -> None:
-    """ParamError for a model or setting tensor parallelism cannot train, before launch."""
-    if spec.get("backend", "torch") != "torch":
-        raise ParamError(HOROVOD)
+def check(spec: TrainSpec, module: torch.nn.Module) -> None:
+    """ParamError for a model tensor parallelism cannot train, before launch."""
     tied = strategies.shared_parameters(module)
     if tied:  # parallelize_module would split (or replicate) each holder's copy on its own
         raise strategies.tied_error("tensor", tied[0], "tensor parallelism splits each "
                                     "module's parameters on their own")
-    plan_of(module, spec["input_dim"], spec["num_workers"])
+    plan_of(module, spec.model.input_dim, spec.launch.num_workers)
 
 
-def usable(spec: dict[str, Any]) -> Any:
+def usable(spec: TrainSpec) -> Any:
     """``world -> bool``: whether a launch on ``world`` workers can split the model (each
     split width a multiple of ``world``), for an elastic restart on fewer workers."""
     import torch
 
-    from sparkdist.torchtrain.loop import build_module
-
-    module = build_module(spec["module"], spec["module_kwargs"], spec["input_dim"],
-                          spec["output_dim"])
-    calls = _trace(module, spec["input_dim"])
+    model = spec.model
+    module = build_module(model.module, model.module_kwargs, model.input_dim,
+                          model.output_dim)
+    calls = _trace(module, model.input_dim)
     linears = [sub for _, sub in calls if isinstance(sub, torch.nn.Linear)]
     widths = [layer.out_features for layer in linears[0:2 * (len(linears) // 2):2]]
     return lambda world: all(width % world == 0 for width in widths)
@@ -158,7 +159,7 @@ def _check_pair(calls: list[tuple[str, Any]], layers: dict[str, Any], colwise: s
                          f"width a multiple of {world} (modelKwargs).")
 
 
-class Strategy(strategies.Strategy):
+class Strategy(WholeModel):
     name = "tensor"
 
     def setup(self, module: torch.nn.Module) -> None:
@@ -169,12 +170,10 @@ class Strategy(strategies.Strategy):
 
         from sparkdist.torchtrain.sharded import fresh_dtensor_caches
 
-        if self.backend.name != "torch":
-            raise ParamError(HOROVOD)
         fresh_dtensor_caches()  # this reused worker may have held another rank before
         module = module.to(self.device)
         world = self.context.world_size
-        plan = plan_of(module, self.args["input_dim"], world)
+        plan = plan_of(module, self.spec.model.input_dim, world)
         self.mesh = DeviceMesh(self.device.type, list(range(world)))
         self.module = self.model = parallelize_module(module, self.mesh, plan.styles())
         self._own_seed: int | None = None
@@ -240,13 +239,11 @@ class Strategy(strategies.Strategy):
         ``scale / world`` and only rank 0 returns it (the loop sums over ranks)."""
         import torch
 
-        from sparkdist.torchtrain.loop import loss_sum
-
         self._own_seed = torch.initial_seed()  # the loop's seed for this rank and step
         rows, _, shared = self._gather(torch.cat([features, label.unsqueeze(1)], dim=1))
         torch.manual_seed(shared)  # replicated activations draw the same dropout masks
         output = self.model(rows[:, :-1])
-        loss = loss_sum(self.args["loss_fn"], output, rows[:, -1])
+        loss = loss_sum(self.spec.model.loss_fn, output, rows[:, -1])
         optimizer.zero_grad()
         (loss * (scale / self.context.world_size)).backward()
         self.clock.backward_done()

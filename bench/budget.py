@@ -1,6 +1,8 @@
 """A per-worker memory budget enforced for real, to show what sharding buys: a model whose
 parameters, gradients and Adam state do not fit one worker's budget under ``strategy="ddp"``
-trains under ``strategy="fsdp"``.
+trains under ``strategy="fsdp"``. A helper of bench/parallel.py and
+tests/cluster/test_fsdp_budget.py (not part of the package): both put bench/ on ``sys.path``
+and ``import budget``.
 
 Spark caps each Python worker's address space (``RLIMIT_AS``) at
 ``spark.executor.pyspark.memory`` divided by the executor's cores: the worker sets the limit

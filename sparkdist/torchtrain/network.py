@@ -1,0 +1,155 @@
+"""The network, its loss and its optimizer, shared by the driver and the ranks.
+
+The ``model`` and ``loss`` Params hold names; the driver resolves them here and ships the
+resolved objects to the executors (by reference when importable, else by value through
+cloudpickle), so executors never resolve a name. The ranks build the network
+(:func:`build_module`), sum its loss (:func:`loss_sum`) and make its optimizer
+(:func:`make_optimizer`) from the typed spec (:mod:`sparkdist.torchtrain.spec`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import sys
+from typing import TYPE_CHECKING, Any
+
+from sparkdist.exceptions import ParamError
+
+if TYPE_CHECKING:
+    import torch
+
+
+LOSSES = {"bce": "classification", "cross_entropy": "classification", "mse": "regression"}
+OPTIMIZERS = {"adam": "Adam", "adamw": "AdamW", "sgd": "SGD", "rmsprop": "RMSprop"}
+
+
+#: This package's name in models saved before it was renamed (``sparkdist.train.nets.MLP``).
+_OLD_PACKAGE = "sparkdist.train."
+
+#: Classes and functions given as objects in this process, by the name their Param holds.
+_REGISTRY: dict[str, Any] = {}
+
+
+def qualified_name(obj: Any) -> str:
+    return f"{obj.__module__}.{obj.__qualname__}"
+
+
+def to_name(value: Any) -> str:
+    """The typeConverter of the ``model`` and ``loss`` Params: a name stays as it is; a class
+    or function given in code is recorded under its qualified name, so that this process
+    resolves the name to that object wherever it was defined (``__main__``, a notebook, a
+    test module). A later object under the same name replaces the earlier, as in Python."""
+    if isinstance(value, str):
+        return value
+    if inspect.isclass(value) or inspect.isroutine(value):
+        name = qualified_name(value)
+        _REGISTRY[name] = value
+        return name
+    raise TypeError(f"expected a class, a function or its qualified name, got {value!r}")
+
+
+def resolve_model(name: str) -> type[torch.nn.Module]:
+    """The ``nn.Module`` subclass ``model`` names; ParamError for anything else, before
+    anything is called."""
+    import torch
+
+    found = _lookup(name, "model")
+    if not (inspect.isclass(found) and issubclass(found, torch.nn.Module)):
+        raise ParamError(f"model={name!r} is {found!r}, not an nn.Module subclass; give "
+                         f"the network class or its qualified name.")
+    return found
+
+
+def resolve_loss(name: str) -> Any:
+    """What the training loop calls for ``loss``: a built-in name stays a name; otherwise an
+    instance of the ``nn.Module`` subclass it names (made without arguments), or a function
+    given as an object in this process. Anything else (a function named only in a file,
+    ``os.system``) is refused by construction, not by a denylist."""
+    import torch
+
+    if name in LOSSES:
+        return name
+    found = _lookup(name, "loss")
+    if inspect.isclass(found) and issubclass(found, torch.nn.Module):
+        return found()
+    if _REGISTRY.get(name) is found and callable(found):
+        return found
+    raise ParamError(f"loss={name!r} is {found!r}: use one of {sorted(LOSSES)}, an nn.Module "
+                     f"loss class, or pass a function (output, label) -> per-row losses "
+                     f"itself (loss=my_loss), not its name.")
+
+
+def _lookup(name: str, param: str) -> Any:
+    """Registry first; else an attribute of a module already imported in this process (or of
+    sparkdist itself). A module named only in a Param is never imported: importing runs its
+    top-level code, and Param values come from saved files too."""
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    if name.startswith(_OLD_PACKAGE):  # saved before the package was renamed
+        name = "sparkdist.torchtrain." + name[len(_OLD_PACKAGE):]
+    module_name, _, attribute = name.rpartition(".")
+    own = module_name == "sparkdist" or module_name.startswith("sparkdist.")
+    try:
+        if module_name not in sys.modules and not own:
+            raise ImportError(f"module {module_name!r} is not imported in this process, and "
+                              "sparkdist imports no module a Param names")
+        return getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError, ValueError) as err:
+        if module_name == "__main__":
+            raise ParamError(f"{param}={name!r} was defined in a notebook or script "
+                             f"(__main__) that this process does not define it in; run that "
+                             f"definition first, or move it into a module and import it before "
+                             f"the fit or load.") from err
+        raise ParamError(f"{param}={name!r} cannot be imported ({err}); pass the class "
+                         f"itself, or import its module (import {module_name or name}) "
+                         f"before the fit or load.") from err
+
+
+def build_module(module_class: type[torch.nn.Module], kwargs: dict[str, Any], input_dim: int,
+                 output_dim: int) -> torch.nn.Module:
+    """Instantiate a class from :func:`resolve_model`; ``input_dim``/``output_dim`` are filled
+    in from the data when the constructor takes them and ``kwargs`` leaves them out."""
+    accepted = inspect.signature(module_class).parameters
+    filled = {name: value for name, value in (("input_dim", input_dim),
+                                              ("output_dim", output_dim))
+              if name in accepted and name not in kwargs}
+    return module_class(**filled, **kwargs)
+
+
+def output_width(loss: str, num_classes: int) -> int:
+    """Outputs per row the network must produce for ``loss``."""
+    return num_classes if loss == "cross_entropy" else 1
+
+
+def task_of_loss(loss: str) -> str:
+    return LOSSES.get(loss, "regression")
+
+
+def loss_sum(loss: Any, output: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
+    """The summed loss over the rows of a batch (the loop does the averaging); ``loss`` is
+    what :func:`resolve_loss` returned."""
+    import torch.nn.functional as F
+
+    if loss == "cross_entropy":
+        return F.cross_entropy(output, label.long(), reduction="sum")
+    flat = (output.flatten(1) if output.dim() > 1 else output.unsqueeze(1)).squeeze(1)
+    if loss == "bce":
+        return F.binary_cross_entropy_with_logits(flat, label, reduction="sum")
+    if loss == "mse":
+        return F.mse_loss(flat, label, reduction="sum")
+    return loss(output, label).sum()  # a callable giving per-row losses
+
+
+def correct_count(loss: str, output: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
+    if loss == "cross_entropy":
+        return (output.argmax(dim=1) == label.long()).sum()
+    return ((output.reshape(-1) > 0).float() == label).sum()
+
+
+def make_optimizer(name: str, parameters: Any, learning_rate: float,
+                   weight_decay: float) -> Any:
+    import torch
+
+    return getattr(torch.optim, OPTIMIZERS[name])(parameters, lr=learning_rate,
+                                                  weight_decay=weight_decay)

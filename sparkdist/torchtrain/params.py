@@ -1,0 +1,280 @@
+"""TorchEstimator's Params, grouped by the concern that reads them, each group a pyspark Params
+mixin that turns its Params into its part of the typed contract (:mod:`.spec`).
+
+Defaults live here only (``_setDefault``); the spec parts check their ranges as they are built.
+The strategy Params are :class:`sparkdist.torchtrain.strategies.params.HasStrategy`, the
+checkpoint and retry Params :class:`sparkdist.models._recovery.HasRecovery`, the elastic ones
+:class:`sparkdist.models._recovery.HasElastic`.
+
+Adding a TorchEstimator Param touches two places: its group here (the Param, its default, its
+line in the group's spec part and in :data:`TRAJECTORY`, the fingerprint policy of
+:mod:`sparkdist.models._recovery`) and the spec part's field in :mod:`.spec`; plus, to be a
+constructor keyword, ``TorchEstimator.__init__``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyspark.ml.param import Param, Params, TypeConverters
+from pyspark.ml.param.shared import HasValidationIndicatorCol
+
+from sparkdist.columns import check_one_of
+from sparkdist.exceptions import ParamError
+from sparkdist.torchtrain import network
+from sparkdist.torchtrain.spec import (
+    CheckpointSpec,
+    CommSpec,
+    DataRules,
+    LaunchSpec,
+    ModelSpec,
+    OptimSpec,
+)
+
+#: The fingerprint policy of these groups: True for a Param that shapes the training
+#: trajectory (a resume refuses a change of it); False for one that changes no step's
+#: arithmetic (the device, scoring, waits, the progress bar).
+TRAJECTORY: dict[str, bool] = {
+    **dict.fromkeys(("model", "modelKwargs", "loss", "batchSize", "optimizer", "learningRate",
+                     "weightDecay", "epochs", "earlyStoppingPatience", "validationIndicatorCol",
+                     "validationFraction", "nanPolicy", "numClasses", "backend", "syncEvery",
+                     "syncWarmupSteps", "maxStaleness", "gradientCompression", "powerSgdRank",
+                     "numWorkers"), True),
+    **dict.fromkeys(("useGpu", "quantization", "timeoutSeconds", "rendezvousTimeoutSeconds",
+                     "progress", "allowUnencrypted", "checkpointEverySteps"), False)}
+
+
+def _use_gpu(value: Any) -> Any:
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    return value
+
+
+class HasNetwork(Params):
+    """model, modelKwargs and loss: the network and what it minimises (TorchEstimator and
+    TorchModel)."""
+
+    model: Param[str] = Param(
+        Params._dummy(), "model",
+        "the nn.Module subclass, or its qualified name 'package.module.Class' in a module "
+        "this process has imported (a class given is stored by its name)",
+        typeConverter=network.to_name)
+    modelKwargs: Param[dict] = Param(
+        Params._dummy(), "modelKwargs",
+        "JSON-able constructor arguments of the model; input_dim/output_dim are filled in "
+        "from the data when the constructor takes them")
+    loss: Param[str] = Param(
+        Params._dummy(), "loss",
+        f"{sorted(network.LOSSES)}, an nn.Module loss class, or a function (output, label) -> "
+        "per-row losses (a class or function given is stored by its name)",
+        typeConverter=network.to_name)
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self._setDefault(model="sparkdist.torchtrain.nets.MLP", modelKwargs={}, loss="bce")
+
+    def _model_spec(self, input_dim: int, num_classes: int) -> ModelSpec:
+        """The network resolved to its class and the loss to its function (ParamError for a
+        name that does not resolve)."""
+        loss = self.getOrDefault("loss")
+        return ModelSpec(module=network.resolve_model(self.getOrDefault("model")),
+                         module_name=self.getOrDefault("model"),
+                         module_kwargs=dict(self.getOrDefault("modelKwargs") or {}),
+                         loss=loss, loss_fn=network.resolve_loss(loss), input_dim=input_dim,
+                         output_dim=network.output_width(loss, num_classes),
+                         num_classes=num_classes)
+
+
+class HasScoring(Params):
+    """batchSize, useGpu and quantization: rows per batch and the device, in training and
+    scoring alike, and the scoring precision (TorchEstimator and TorchModel)."""
+
+    batchSize: Param[int] = Param(
+        Params._dummy(), "batchSize",
+        "rows per worker in a training step (as in DDP and Horovod: a step takes batchSize x "
+        "numWorkers rows in all), and rows per scoring batch, >= 1",
+        typeConverter=TypeConverters.toInt)
+    useGpu: Param[Any] = Param(
+        Params._dummy(), "useGpu",
+        "'auto' (the GPU Spark assigned to the task, when there is one), True or False",
+        typeConverter=_use_gpu)
+    quantization: Param[str] = Param(
+        Params._dummy(), "quantization",
+        "scoring: 'none' (float32) or 'int8' (dynamic int8 quantization of the Linear "
+        "layers, CPU)", typeConverter=TypeConverters.toString)
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self._setDefault(batchSize=256, useGpu="auto", quantization="none")
+
+
+class HasOptimization(Params):
+    """optimizer, learningRate, weightDecay, epochs and earlyStoppingPatience: what one step
+    does and how many there are (with batchSize and seed)."""
+
+    optimizer: Param[str] = Param(Params._dummy(), "optimizer",
+                                  f"one of {sorted(network.OPTIMIZERS)}",
+                                  typeConverter=TypeConverters.toString)
+    learningRate: Param[float] = Param(Params._dummy(), "learningRate", "learning rate, > 0",
+                                       typeConverter=TypeConverters.toFloat)
+    weightDecay: Param[float] = Param(Params._dummy(), "weightDecay", "L2 penalty, >= 0",
+                                      typeConverter=TypeConverters.toFloat)
+    epochs: Param[int] = Param(Params._dummy(), "epochs", "passes over the data, >= 1",
+                               typeConverter=TypeConverters.toInt)
+    earlyStoppingPatience: Param[int] = Param(
+        Params._dummy(), "earlyStoppingPatience",
+        "epochs without a better validation loss before stopping; 0 turns it off",
+        typeConverter=TypeConverters.toInt)
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self._setDefault(optimizer="adam", learningRate=1e-3, weightDecay=0.0, epochs=10,
+                         earlyStoppingPatience=0)
+
+    def _optim_spec(self, validates: bool) -> OptimSpec:
+        """``validates``: whether the fit holds rows out (early stopping needs them)."""
+        get = self.getOrDefault
+        check_one_of("optimizer", get("optimizer"), network.OPTIMIZERS)
+        if get("earlyStoppingPatience") and not validates:
+            raise ParamError("earlyStoppingPatience needs validation rows: set "
+                             "validationFraction or validationIndicatorCol.")
+        return OptimSpec(optimizer=get("optimizer"), learning_rate=get("learningRate"),
+                         weight_decay=get("weightDecay"), batch_size=get("batchSize"),
+                         epochs=get("epochs"), seed=get("seed") % 2**31,
+                         patience=get("earlyStoppingPatience"))
+
+
+class HasDataRules(HasValidationIndicatorCol):
+    """validationIndicatorCol, validationFraction, nanPolicy and numClasses: which rows
+    validate, and what the data must satisfy (:mod:`sparkdist.torchtrain.datacheck`)."""
+
+    validationFraction: Param[float] = Param(
+        Params._dummy(), "validationFraction",
+        "fraction of rows held out for validation by a seeded hash split, in [0, 1)",
+        typeConverter=TypeConverters.toFloat)
+    nanPolicy: Param[str] = Param(Params._dummy(), "nanPolicy",
+                                  "rows with NaN/inf/null features or label: 'error' or 'drop'",
+                                  typeConverter=TypeConverters.toString)
+    numClasses: Param[int] = Param(Params._dummy(), "numClasses",
+                                   "classes for cross_entropy; 0 infers max(label) + 1",
+                                   typeConverter=TypeConverters.toInt)
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self._setDefault(validationFraction=0.0, nanPolicy="error", numClasses=0)
+
+    def validation_column(self) -> str | None:
+        """The boolean column marking validation rows, or None (a hash split, or none)."""
+        if self.isSet("validationIndicatorCol"):
+            return str(self.getOrDefault("validationIndicatorCol"))
+        return None
+
+    def _data_rules(self, source: list[str]) -> DataRules:
+        """The rules for features read from ``source`` (ParamError for a bad fraction)."""
+        get = self.getOrDefault
+        if not 0 <= get("validationFraction") < 1:
+            raise ParamError(f"validationFraction={get('validationFraction')}: use a "
+                             "fraction in [0, 1).")
+        return DataRules(source=", ".join(source), label_col=get("labelCol"),
+                         nan_policy=get("nanPolicy"), batch_size=get("batchSize"),
+                         loss=get("loss"), num_classes=get("numClasses"))
+
+
+class HasCommunication(Params):
+    """backend, syncEvery, syncWarmupSteps, maxStaleness, gradientCompression and
+    powerSgdRank: how gradients and models travel between the ranks."""
+
+    backend: Param[str] = Param(Params._dummy(), "backend", "'torch' or 'horovod'",
+                                typeConverter=TypeConverters.toString)
+    syncEvery: Param[int] = Param(
+        Params._dummy(), "syncEvery",
+        "local SGD: local steps between model averages; 1: every step (DDP)",
+        typeConverter=TypeConverters.toInt)
+    syncWarmupSteps: Param[int] = Param(
+        Params._dummy(), "syncWarmupSteps",
+        "local SGD: fully synchronous steps before local steps start (and before PowerSGD "
+        "compresses), >= 0", typeConverter=TypeConverters.toInt)
+    maxStaleness: Param[int] = Param(
+        Params._dummy(), "maxStaleness",
+        "bounded staleness: steps a fast worker may run ahead of the slowest before it "
+        "waits (a lagging worker skips steps, their batches left out); the fit is then not "
+        "reproducible; 0: off (synchronous, bitwise reproducible)",
+        typeConverter=TypeConverters.toInt)
+    gradientCompression: Param[str] = Param(
+        Params._dummy(), "gradientCompression",
+        "gradients sent as 'none' (float32), 'fp16', 'bf16' or 'powersgd'",
+        typeConverter=TypeConverters.toString)
+    powerSgdRank: Param[int] = Param(
+        Params._dummy(), "powerSgdRank", "powersgd: the rank of the low-rank approximation",
+        typeConverter=TypeConverters.toInt)
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self._setDefault(backend="torch", syncEvery=1, syncWarmupSteps=0, maxStaleness=0,
+                         gradientCompression="none", powerSgdRank=2)
+
+    def _comm_spec(self) -> CommSpec:
+        get = self.getOrDefault
+        return CommSpec(backend=get("backend"), sync_every=get("syncEvery"),
+                        sync_warmup_steps=get("syncWarmupSteps"),
+                        max_staleness=get("maxStaleness"),
+                        gradient_compression=get("gradientCompression"),
+                        powersgd_rank=get("powerSgdRank"))
+
+
+class HasLaunch(Params):
+    """numWorkers, timeoutSeconds, rendezvousTimeoutSeconds, progress and allowUnencrypted:
+    the barrier stage (with useGpu, maxRetries and the elastic Params)."""
+
+    numWorkers: Param[int] = Param(Params._dummy(), "numWorkers",
+                                   "number of data-parallel tasks, >= 1",
+                                   typeConverter=TypeConverters.toInt)
+    timeoutSeconds: Param[float] = Param(
+        Params._dummy(), "timeoutSeconds",
+        "cancel the fit after this many seconds: > 0 and at most 31536000 (one year; inf is "
+        "refused)", typeConverter=TypeConverters.toFloat)
+    rendezvousTimeoutSeconds: Param[float] = Param(
+        Params._dummy(), "rendezvousTimeoutSeconds",
+        "longest wait in seconds for all workers to start, and for any one "
+        "collective: > 0 and at most 31536000 (one year; inf is refused)",
+        typeConverter=TypeConverters.toFloat)
+    progress: Param[bool] = Param(Params._dummy(), "progress",
+                                  "show a progress bar on the driver",
+                                  typeConverter=TypeConverters.toBoolean)
+    allowUnencrypted: Param[bool] = Param(
+        Params._dummy(), "allowUnencrypted",
+        "train on a cluster with Spark authentication/encryption on although the gradient "
+        "traffic between workers (gloo, NCCL, Horovod) is not encrypted",
+        typeConverter=TypeConverters.toBoolean)
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self._setDefault(numWorkers=1, timeoutSeconds=86400.0, rendezvousTimeoutSeconds=300.0,
+                         progress=True, allowUnencrypted=False)
+
+    def _launch_spec(self) -> LaunchSpec:
+        get = self.getOrDefault
+        return LaunchSpec(num_workers=get("numWorkers"), use_gpu=get("useGpu"),
+                          min_workers=get("minWorkers") or get("numWorkers"),
+                          slot_wait_s=get("slotWaitSeconds"), timeout_s=get("timeoutSeconds"),
+                          rendezvous_timeout_s=get("rendezvousTimeoutSeconds"),
+                          max_retries=get("maxRetries"), progress=get("progress"))
+
+
+class HasStepCheckpoints(Params):
+    """checkpointEverySteps: checkpoints within an epoch (with the recovery Params)."""
+
+    checkpointEverySteps: Param[int] = Param(
+        Params._dummy(), "checkpointEverySteps",
+        "also checkpoint every this many steps within an epoch (a resume continues at that "
+        "step); 0: at epoch ends only", typeConverter=TypeConverters.toInt)
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self._setDefault(checkpointEverySteps=0)
+
+    def _checkpoint_spec(self, directory: str | None, run_id: str | None) -> CheckpointSpec:
+        get = self.getOrDefault
+        return CheckpointSpec(directory=directory, run_id=run_id, every=get("checkpointEvery"),
+                              every_steps=get("checkpointEverySteps"),
+                              keep=get("keepCheckpoints"))

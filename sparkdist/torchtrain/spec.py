@@ -1,0 +1,203 @@
+"""The one contract between TorchEstimator/TorchModel (driver) and the ranks (executors).
+
+The estimator turns its Params into a frozen :class:`TrainSpec` once, on the driver; the spec
+travels to the barrier tasks (cloudpickled) and every rank reads typed fields only: no rank
+knows a Param's camelCase name, and no default is restated here (defaults live in the
+Params). A launch on another world size is ``dataclasses.replace`` of the spec
+(:meth:`TrainSpec.for_world`).
+
+Each part checks its own ranges when it is built (``__post_init__``), so a bad value is a
+ParamError on the driver, before anything is launched. The messages name the Params the
+values came from: the user set those, and the ranks never build a spec part from scratch.
+Choices that live in a registry (optimizers, strategies, backends, compressions) are checked
+where the registry is (the Params groups, ``strategies.check_compatible``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from sparkdist.columns import check_one_of, check_timeout
+from sparkdist.exceptions import ParamError
+
+USE_GPU = ("auto", True, False)
+NAN_POLICIES = ("error", "drop")
+PIPELINE_SCHEDULES = ("gpipe", "1f1b")
+QUANTIZATIONS = ("none", "int8")
+
+
+def _at_least(low: int, **values: int) -> None:
+    """ParamError naming the first Param (keyword) whose value is below ``low``."""
+    for name, value in values.items():
+        if value < low:
+            raise ParamError(f"{name}={value}: use {low} or more.")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The network and its loss, resolved on the driver."""
+
+    module: Any  # the nn.Module subclass (cloudpickle ships classes defined in __main__)
+    module_name: str
+    module_kwargs: dict[str, Any]
+    loss: str  # a built-in loss name, or the qualified name of loss_fn
+    loss_fn: Any  # the resolved loss: a built-in's name, an nn.Module class or a function
+    input_dim: int
+    output_dim: int
+    num_classes: int
+
+
+@dataclass(frozen=True)
+class OptimSpec:
+    """What one step does, and how many there are."""
+
+    optimizer: str
+    learning_rate: float
+    weight_decay: float
+    batch_size: int  # rows per worker per step
+    epochs: int
+    seed: int
+    patience: int  # early stopping: epochs without a better validation loss; 0 off
+
+    def __post_init__(self) -> None:
+        _at_least(1, batchSize=self.batch_size, epochs=self.epochs)
+        _at_least(0, earlyStoppingPatience=self.patience)
+        if not 0 < self.learning_rate < math.inf:
+            raise ParamError(f"learningRate={self.learning_rate}: use a positive number.")
+        if not 0 <= self.weight_decay < math.inf:
+            raise ParamError(f"weightDecay={self.weight_decay}: use a number >= 0.")
+
+
+@dataclass(frozen=True)
+class StrategySpec:
+    """How the network is spread over the workers (sparkdist.torchtrain.strategies)."""
+
+    name: str  # 'ddp', 'fsdp', 'pipeline' or 'tensor'
+    fsdp_wrap: tuple[str, ...] = ()
+    mixed_precision: bool = False
+    pipeline_stages: int = 1
+    pipeline_split_points: tuple[str, ...] = ()
+    micro_batches: int = 1
+    pipeline_schedule: str = "1f1b"
+
+    def __post_init__(self) -> None:
+        _at_least(1, pipelineStages=self.pipeline_stages, microBatches=self.micro_batches)
+        check_one_of("pipelineSchedule", self.pipeline_schedule, PIPELINE_SCHEDULES)
+
+
+@dataclass(frozen=True)
+class CommSpec:
+    """How gradients and models travel between the ranks."""
+
+    backend: str  # 'torch' or 'horovod'
+    sync_every: int = 1
+    sync_warmup_steps: int = 0
+    max_staleness: int = 0
+    gradient_compression: str = "none"
+    powersgd_rank: int = 2
+
+    def __post_init__(self) -> None:
+        _at_least(1, syncEvery=self.sync_every, powerSgdRank=self.powersgd_rank)
+        _at_least(0, syncWarmupSteps=self.sync_warmup_steps, maxStaleness=self.max_staleness)
+
+
+@dataclass(frozen=True)
+class CheckpointSpec:
+    """Where and how often rank 0 saves the training state (directory None: never)."""
+
+    directory: str | None = None
+    run_id: str | None = None
+    every: int = 1
+    every_steps: int = 0
+    keep: int = 3
+
+    def __post_init__(self) -> None:
+        _at_least(1, checkpointEvery=self.every, keepCheckpoints=self.keep)
+        _at_least(0, checkpointEverySteps=self.every_steps)
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """The barrier stage: how many ranks, on what, for how long."""
+
+    num_workers: int
+    use_gpu: Any  # 'auto', True or False
+    min_workers: int
+    slot_wait_s: float
+    timeout_s: float
+    rendezvous_timeout_s: float
+    max_retries: int
+    progress: bool
+
+    def __post_init__(self) -> None:
+        _at_least(1, numWorkers=self.num_workers)
+        _at_least(0, maxRetries=self.max_retries)
+        check_one_of("useGpu", self.use_gpu, USE_GPU)
+        if not 1 <= self.min_workers <= self.num_workers:
+            raise ParamError(f"minWorkers={self.min_workers}: use 0 (all numWorkers) to "
+                             f"numWorkers={self.num_workers}.")
+        for name, seconds in (("timeoutSeconds", self.timeout_s),
+                              ("rendezvousTimeoutSeconds", self.rendezvous_timeout_s),
+                              ("slotWaitSeconds", self.slot_wait_s)):
+            check_timeout(name, seconds)
+
+
+@dataclass(frozen=True)
+class DataRules:
+    """What the data must satisfy (sparkdist.torchtrain.datacheck), checked where it is read."""
+
+    source: str  # the feature column(s), for messages
+    label_col: str
+    nan_policy: str
+    batch_size: int
+    loss: str
+    num_classes: int
+
+    def __post_init__(self) -> None:
+        _at_least(0, numClasses=self.num_classes)
+        check_one_of("nanPolicy", self.nan_policy, NAN_POLICIES)
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """Everything the ranks of one fit need, as typed plain values."""
+
+    model: ModelSpec
+    optim: OptimSpec
+    strategy: StrategySpec
+    comm: CommSpec
+    checkpoint: CheckpointSpec
+    launch: LaunchSpec
+    rules: DataRules
+    #: Test and benchmark hooks (sparkdist.hooks), applied by wrapping; empty in production.
+    hooks: tuple[Any, ...] = field(default=())
+
+    def for_world(self, world: int) -> TrainSpec:
+        """This spec on ``world`` workers, keeping the global batch of ``num_workers``."""
+        global_batch = self.optim.batch_size * self.launch.num_workers
+        return dataclasses.replace(
+            self, launch=dataclasses.replace(self.launch, num_workers=world),
+            optim=dataclasses.replace(self.optim, batch_size=math.ceil(global_batch / world)))
+
+
+@dataclass(frozen=True)
+class ScoreSpec:
+    """What TorchModel.transform's scoring tasks need."""
+
+    module: Any
+    module_kwargs: dict[str, Any]
+    weights: bytes
+    input_dim: int
+    output_dim: int
+    loss: str
+    batch_size: int
+    use_gpu: Any
+    quantization: str = "none"
+
+    def __post_init__(self) -> None:
+        _at_least(1, batchSize=self.batch_size)
+        check_one_of("useGpu", self.use_gpu, USE_GPU)
+        check_one_of("quantization", self.quantization, QUANTIZATIONS)
