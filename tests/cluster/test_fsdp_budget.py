@@ -18,12 +18,13 @@ import pytest
 
 BENCH = str(Path(__file__).resolve().parents[2] / "bench")  # budget.py, shared with the bench
 BUDGET_MB, HIDDEN = 3400, [4096] * 5
+ROWS = 128  # 1 step of 64 rows per rank: the memory a step needs, without the 3 steps more
 CODE = f"""
 import json, sys
 sys.path.insert(0, {BENCH!r})
 from budget import budget_session, compare_under_budget
 spark = budget_session({BUDGET_MB})
-print(json.dumps(compare_under_budget(spark, {HIDDEN})))
+print(json.dumps(compare_under_budget(spark, {HIDDEN}, rows={ROWS})))
 spark.stop()
 """
 
