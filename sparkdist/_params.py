@@ -1,14 +1,12 @@
 """One Params surface for every sparkdist stage, from one place.
 
-pyspark writes a ``getX``/``setX`` pair by hand (or by code generation) for each Param; sparkdist
-stages mix MLlib's Params mixins, their own Params and xgboost's parameter names, so a
-hand-written surface drifts. :class:`StageParams` instead completes every class that derives
-from it (every sparkdist stage does, through :class:`sparkdist.persist.ParamsPersistence`) as
-the class is created:
+The ``getX()`` / ``setX(value)`` pair of every Param is source, as pyspark's are: written by
+``make accessors`` (:mod:`sparkdist.models._accessors_gen`) into ``_accessors_*.py`` next to
+the stage modules wherever no hand-written (or MLlib) accessor exists, so type checkers and
+IDEs see them. :class:`StageParams` completes every class that derives from it (every
+sparkdist stage does, through :class:`sparkdist.persist.ParamsPersistence`) as the class is
+created, with what is the same for every stage:
 
-* ``getX()`` / ``setX(value)`` for every Param that lacks them (hand-written and MLlib's own
-  accessors are kept), named in camel case as pyspark's are (``max_depth`` ->
-  ``getMaxDepth``), documented with the Param's doc so ``help()`` lists them;
 * a ``Params`` section in the class docstring naming every Param with its doc;
 * ``__init__`` and ``setParams`` refuse an unknown keyword with a ParamError that names the
   closest valid name ("unknown parameter 'maxIterr'. Did you mean 'maxIter'?") instead of a
@@ -107,24 +105,6 @@ def _keeping_uid(fit: Callable[..., Any]) -> Callable[..., Any]:
     return _fit
 
 
-def _getter(name: str, doc: str) -> Callable[[Any], Any]:
-    def get(self: Any) -> Any:
-        return self.getOrDefault(name)
-
-    get.__name__ = get.__qualname__ = f"get{accessor_suffix(name)}"
-    get.__doc__ = f"Gets the value of :py:attr:`{name}` or its default value: {doc}."
-    return get
-
-
-def _setter(name: str, doc: str) -> Callable[[Any, Any], Any]:
-    def set_(self: Any, value: Any) -> Any:
-        return self._set(**{name: value})
-
-    set_.__name__ = set_.__qualname__ = f"set{accessor_suffix(name)}"
-    set_.__doc__ = f"Sets the value of :py:attr:`{name}` ({doc}); returns the stage."
-    return set_
-
-
 def _doc_section(params: list[Param[Any]]) -> str:
     lines = [_SECTION.rstrip("\n"),
              *textwrap.wrap("Each Param has a getter and a setter, named after it in camel case; "
@@ -141,11 +121,6 @@ def _doc_section(params: list[Param[Any]]) -> str:
 def complete(cls: type) -> None:
     """Add what :class:`StageParams` promises to ``cls`` (idempotent)."""
     params = class_params(cls)
-    for param in params:
-        suffix = accessor_suffix(param.name)
-        for prefix, make in (("get", _getter), ("set", _setter)):
-            if not hasattr(cls, prefix + suffix):  # hand-written (or MLlib's) accessors stay
-                setattr(cls, prefix + suffix, make(param.name, param.doc))
     for method in ("__init__", "setParams"):
         func = cls.__dict__.get(method)
         if inspect.isfunction(func) and not getattr(func, _CHECKED, False):

@@ -456,8 +456,9 @@ def _from_record(cls: type[Any], path: str, metadata: dict[str, Any]) -> Any:
 
 class ParamsPersistence(StageParams, MLReadable, MLWritable):
     """Mixin of every sparkdist stage: committed, JSON-only ``write()`` and strict ``read()``
-    for a Params class; through :class:`~sparkdist._params.StageParams`, the getters, setters,
-    keyword checks and fitted-model uid of the one Params surface."""
+    for a Params class; through :class:`~sparkdist._params.StageParams`, the keyword checks,
+    the fitted-model uid and the Params section of the docstring (the getters and setters are
+    generated source: ``make accessors``)."""
 
     #: Params that hold code (callbacks): never saved with a value, refused when loading.
     _transient_params: tuple[str, ...] = ()

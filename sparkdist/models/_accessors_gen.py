@@ -161,13 +161,7 @@ def _accessors(stage: Params, param: Param[Any], missing: set[str]) -> Iterator[
 
 def _hand_written(cls: type, name: str) -> bool:
     """Whether a class in ``cls``'s MRO other than a generated one defines ``name``."""
-    for klass in cls.__mro__:
-        if getattr(klass, MARK, False) and MARK in klass.__dict__:
-            continue
-        value = klass.__dict__.get(name)
-        if value is not None and getattr(value, "__module__", "") != "sparkdist._params":
-            return True
-    return False
+    return any(name in vars(klass) for klass in cls.__mro__ if MARK not in vars(klass))
 
 
 def stage_accessors(cls: type) -> list[Accessor]:

@@ -68,6 +68,7 @@ from sparkdist.columns import check_one_of, require_columns
 from sparkdist.exceptions import ModelLoadError, ParamError
 from sparkdist.launch.preflight import preflight
 from sparkdist.models import _torch_checks as checks
+from sparkdist.models._accessors_torch import _TorchEstimatorAccessors, _TorchModelAccessors
 from sparkdist.models._classification import stable_seed
 from sparkdist.models._recovery import (
     ELASTIC_TRAJECTORY,
@@ -117,7 +118,7 @@ class _TorchParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasProbability
 
 class TorchEstimator(Estimator, _TorchParams, HasSeed, HasOptimization, HasDataRules,
                      HasCommunication, HasStrategy, HasLaunch, HasStepCheckpoints, HasRecovery,
-                     HasElastic, ParamsPersistence):
+                     HasElastic, ParamsPersistence, _TorchEstimatorAccessors):
     """Train a PyTorch network data-parallel on ``numWorkers`` Spark tasks.
 
     Parameters
@@ -320,7 +321,7 @@ class TorchEstimator(Estimator, _TorchParams, HasSeed, HasOptimization, HasDataR
         return {"max_dim": width, "max_label": None}
 
 
-class TorchModel(Model, _TorchParams, PersistentModel):
+class TorchModel(Model, _TorchParams, PersistentModel, _TorchModelAccessors):
     """A trained network; ``transform`` adds predictions computed on the executors.
 
     Attributes
