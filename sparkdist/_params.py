@@ -12,6 +12,9 @@ created, with what is the same for every stage:
   closest valid name ("unknown parameter 'maxIterr'. Did you mean 'maxIter'?") instead of a
   bare TypeError; a class may add ``_param_aliases`` (other accepted keywords) and
   ``_param_hints`` (a sentence for a name that is wrong on purpose);
+* a stage that sets ``_generated_init`` gets its constructor from ``make accessors`` too (a
+  typed keyword per Param and alias, in a class the stage lists as its first base), checked
+  the same way;
 * ``_fit`` returns a model that carries the estimator's uid, as pyspark's JVM-backed models
   do (so a fitted model and its estimator share Param identities).
 """
@@ -21,6 +24,7 @@ from __future__ import annotations
 import functools
 import inspect
 import textwrap
+import zlib
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -30,9 +34,16 @@ from pyspark.ml.param import Param, Params
 from sparkdist.columns import suggest
 from sparkdist.exceptions import ParamError
 
+#: Marks a class written by ``make accessors`` (its methods are generated, not hand-written).
+GENERATED = "_generated_accessors"
 _CHECKED = "_sparkdist_checks_keywords"
 _KEEPS_UID = "_sparkdist_keeps_uid"
 _SECTION = "Params\n------\n"
+
+
+def stable_seed(name: str) -> int:
+    """A seed that is the same in every process (pyspark's default ``hash(name)`` is not)."""
+    return zlib.crc32(name.encode())
 
 
 def accessor_suffix(name: str) -> str:
@@ -118,11 +129,20 @@ def _doc_section(params: list[Param[Any]]) -> str:
     return "\n".join(lines)
 
 
+def _generated_init(cls: type, method: str) -> Any:
+    """The constructor ``cls`` inherits from its generated first base, if that is where it
+    comes from (it is checked on ``cls`` itself)."""
+    owner = next((k for k in cls.__mro__[1:] if method in vars(k)), None)
+    if method != "__init__" or owner is None or not getattr(owner, GENERATED, False):
+        return None
+    return vars(owner)[method]
+
+
 def complete(cls: type) -> None:
     """Add what :class:`StageParams` promises to ``cls`` (idempotent)."""
     params = class_params(cls)
     for method in ("__init__", "setParams"):
-        func = cls.__dict__.get(method)
+        func = cls.__dict__.get(method) or _generated_init(cls, method)
         if inspect.isfunction(func) and not getattr(func, _CHECKED, False):
             setattr(cls, method, _checking_keywords(func))
     if issubclass(cls, Estimator):

@@ -10,8 +10,11 @@ stages that need the same accessors (so an estimator and its model share them), 
 ``_<Stage>Accessors`` class per stage that the stage lists as its last base. An accessor is
 written only where no hand-written one exists (MLlib's getters and sparkdist's own stay), typed
 from the Param's annotation or type converter, ``T | None`` where the default is None; a setter
-returns the stage's own type. The packages that resolve their exports on first use get an
-``__init__.pyi`` saying what each export is (a module ``__getattr__`` reads as Any).
+returns the stage's own type. A stage that sets ``_generated_init`` also gets its constructor,
+``_<Stage>Init`` (a typed keyword per Param and per alias in ``_param_aliases``), which it lists
+as its first base so that Python and type checkers find it first. The packages that resolve
+their exports on first use get an ``__init__.pyi`` saying what each export is (a module
+``__getattr__`` reads as Any).
 """
 
 from __future__ import annotations
@@ -28,10 +31,10 @@ from typing import Any
 
 from pyspark.ml.param import Param, Params, TypeConverters
 
-from sparkdist._params import accessor_suffix, class_params
+from sparkdist._params import GENERATED, accessor_suffix, class_params
 
 #: Marks a generated class, so that a rerun treats its methods as missing, not hand-written.
-MARK = "_generated_accessors"
+MARK = GENERATED
 _PACKAGES = ("sparkdist", "sparkdist.models", "sparkdist.features")
 #: The packages whose exports are resolved on first use, so need a stub to be seen by tools.
 _LAZY = ("sparkdist", "sparkdist.models")
@@ -58,7 +61,7 @@ from __future__ import annotations
 
 from typing import {typing}
 
-{linalg}from pyspark.ml.param import Params
+{pyspark}{linalg}from pyspark.ml.param import Params
 '''
 
 
@@ -175,6 +178,36 @@ def stage_accessors(cls: type) -> list[Accessor]:
     return found
 
 
+def _keyword_lines(keywords: list[str], indent: int) -> list[str]:
+    """``keywords`` packed into lines of at most the line length."""
+    lines = [" " * indent + "self, *,"]
+    for keyword in keywords:
+        if len(lines[-1]) + len(keyword) + 2 > _WIDTH:
+            lines.append(" " * indent + keyword + ",")
+        else:
+            lines[-1] += f" {keyword},"
+    return lines
+
+
+def stage_init(cls: type) -> str | None:
+    """The generated constructor class of ``cls``, where ``cls`` sets ``_generated_init``:
+    every Param (and alias) a keyword, None meaning "not set"."""
+    if not vars(cls).get("_generated_init"):
+        return None
+    types = {p.name: _types(cls, p, nullable=True)[0] for p in class_params(cls)}
+    types.update({old: types[new] for old, new in getattr(cls, "_param_aliases", {}).items()})
+    keywords = [f"{name}: {kind} = None" for name, kind in sorted(types.items())]
+    lines = [f"class _{cls.__name__}Init(Params):",
+             *_doc(f"The generated constructor of :class:`{cls.__name__}`: a keyword per Param.",
+                   4),
+             f"\n    {MARK} = True\n", "    @keyword_only", "    def __init__(",
+             *_keyword_lines(keywords, 8), "    ) -> None:",
+             *_doc("Every keyword defaults to its Param's default (None: not set).", 8),
+             "        super().__init__()",
+             "        self.setParams(**self._input_kwargs)  # type: ignore[attr-defined]"]
+    return "\n".join(lines) + "\n"
+
+
 def _group_name(stages: tuple[str, ...], index: int) -> str:
     return f"_{stages[0]}Own" if len(stages) == 1 else f"_Shared{index}"
 
@@ -187,9 +220,20 @@ def _class(name: str, bases: list[str], doc: str, methods: list[str]) -> str:
     return "\n".join([line, *body]) + "\n"
 
 
+def _signatures(text: str) -> str:
+    """The ``def`` lines of ``text``, with their continuation lines."""
+    found, inside = [], False
+    for line in text.splitlines():
+        inside = inside or line.startswith("    def ")
+        if inside:
+            found.append(line)
+            inside = not line.endswith(":")
+    return " ".join(found)
+
+
 def _imports(text: str) -> tuple[str, str]:
     """The ``typing`` and ``pyspark.ml.linalg`` names the signatures in ``text`` use."""
-    signatures = " ".join(line for line in text.splitlines() if line.startswith("    def "))
+    signatures = _signatures(text)
     used = set(re.findall(r"\b(Any|Matrix|Vector)\b", signatures))
     linalg = sorted(used - {"Any"})
     return (", ".join(sorted(used & {"Any"} | {"TypeVar"})),
@@ -213,7 +257,8 @@ def _file(module: str, classes: list[str], imports: str = "") -> str:
     """A generated module: the header, ``imports`` (of its other parts) and ``classes``."""
     text = "\n\n".join(classes)
     typing, linalg = _imports(text)
-    head = _HEADER.format(module=module, typing=typing, linalg=linalg)
+    pyspark = "from pyspark import keyword_only\n" if "@keyword_only" in text else ""
+    head = _HEADER.format(module=module, typing=typing, linalg=linalg, pyspark=pyspark)
     if imports:
         head += "\n" + imports
     return head + '\n_S = TypeVar("_S", bound=Params)\n\n\n' + text
@@ -242,9 +287,10 @@ def render(module: str, stages: list[type], limit: int = _MAX_LINES) -> dict[Pat
                                  [a.source for a in run]))
             for stage in names:
                 bases.setdefault(stage, []).append(name)
+    inits = [text for text in map(stage_init, stages) if text]
     files: list[list[str]] = [[_class(f"_{c.__name__}Accessors", bases.get(c.__name__, ["Params"]),
                                       f"The generated accessors of :class:`{c.__name__}`.", [])
-                               for c in stages]]
+                               for c in stages] + inits]
     whole = _file(module, groups + files[0])
     if whole.count("\n") <= limit:
         return {target(module): whole}
@@ -252,7 +298,8 @@ def render(module: str, stages: list[type], limit: int = _MAX_LINES) -> dict[Pat
         if sum(text.count("\n") + 2 for text in [*files[-1], group]) > room:
             files.append([])
         files[-1].append(group)
-    files[0] = files[0][len(stages):] + files[0][:len(stages)]  # the stage classes last
+    stage_classes = len(stages) + len(inits)
+    files[0] = files[0][stage_classes:] + files[0][:stage_classes]  # the stage classes last
     paths = [target(module, k) for k in range(1, len(files) + 1)]
     imports = "".join(_import(_dotted(path), [_name(text) for text in part]) + "\n"
                       for path, part in zip(paths[1:], files[1:]))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
+from pyspark import keyword_only
 from pyspark.ml.param import Params
 
 _S = TypeVar("_S", bound=Params)
@@ -443,3 +444,39 @@ class _TorchEstimatorAccessors(_Shared1, _TorchEstimatorOwn):
 
 class _TorchModelAccessors(_Shared1):
     """The generated accessors of :class:`TorchModel`."""
+
+
+class _TorchEstimatorInit(Params):
+    """The generated constructor of :class:`TorchEstimator`: a keyword per Param."""
+
+    _generated_accessors = True
+
+    @keyword_only
+    def __init__(
+        self, *, allowUnencrypted: bool | None = None, backend: str | None = None,
+        batchSize: int | None = None, checkpointDir: str | None = None,
+        checkpointEvery: int | None = None, checkpointEverySteps: int | None = None,
+        earlyStoppingPatience: int | None = None, epochs: int | None = None,
+        featureCols: list[str] | None = None, featuresCol: str | None = None,
+        fsdpWrap: list[str] | None = None, gradientCompression: str | None = None,
+        keepCheckpoints: int | None = None, labelCol: str | None = None,
+        learningRate: float | None = None, loss: Any = None, maxRetries: int | None = None,
+        maxStaleness: int | None = None, microBatches: int | None = None,
+        minWorkers: int | None = None, mixedPrecision: bool | None = None, model: Any = None,
+        modelKwargs: dict | None = None, nanPolicy: str | None = None,
+        numClasses: int | None = None, numWorkers: int | None = None, optimizer: str | None = None,
+        pipelineSchedule: str | None = None, pipelineSplitPoints: list[str] | None = None,
+        pipelineStages: int | None = None, powerSgdRank: int | None = None,
+        predictionCol: str | None = None, probabilityCol: str | None = None,
+        progress: bool | None = None, quantization: str | None = None,
+        rawPredictionCol: str | None = None, rendezvousTimeoutSeconds: float | None = None,
+        resume: str | None = None, runId: str | None = None, seed: int | None = None,
+        slotWaitSeconds: float | None = None, strategy: str | None = None,
+        syncEvery: int | None = None, syncWarmupSteps: int | None = None,
+        timeoutSeconds: float | None = None, useGpu: Any = None, validationCol: str | None = None,
+        validationFraction: float | None = None, validationIndicatorCol: str | None = None,
+        weightDecay: float | None = None,
+    ) -> None:
+        """Every keyword defaults to its Param's default (None: not set)."""
+        super().__init__()
+        self.setParams(**self._input_kwargs)  # type: ignore[attr-defined]

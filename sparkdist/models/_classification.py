@@ -8,7 +8,6 @@ mixes in :class:`_TunedModel`, which keeps and persists what the tuning found.
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
 
@@ -21,6 +20,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
+from sparkdist._params import stable_seed
 from sparkdist.columns import check_one_of, col, require_columns, require_numeric
 from sparkdist.exceptions import ParamError, SchemaError
 from sparkdist.features import split
@@ -35,11 +35,6 @@ WEIGHT_COL = "_sparkdist_weight"  # the working weight column MLlib trains on
 _P1 = "_sparkdist_p1"  # working probability column while scoring thresholds
 _BINS = 1000  # threshold candidates are k / _BINS for k = 1 .. _BINS - 1
 _FIT, _VALIDATION = "fit", "validation"
-
-
-def stable_seed(name: str) -> int:
-    """A seed that is the same in every process (pyspark's default ``hash(name)`` is not)."""
-    return zlib.crc32(name.encode())
 
 
 def set_given(stage: Params, kwargs: Mapping[str, Any]) -> Any:

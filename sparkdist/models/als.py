@@ -51,6 +51,7 @@ from pyspark.sql import functions as F
 from sparkdist import store
 from sparkdist._internals import ALSModelParams as _MLlibALSModelParams
 from sparkdist._internals import ALSParams as _MLlibALSParams
+from sparkdist._params import stable_seed
 from sparkdist.columns import check_one_of, col, require_columns
 from sparkdist.exceptions import ClusterConfigError
 from sparkdist.models._accessors_als import _ALSAccessors, _ALSModelAccessors
@@ -65,7 +66,6 @@ from sparkdist.models._als_ids import (
     original_ids,
 )
 from sparkdist.models._als_metrics import check_k, ranking_metrics, rating_errors
-from sparkdist.models._classification import stable_seed
 from sparkdist.models._mllib import MLLIB_DIR, MLlibEstimator, MLlibModel
 from sparkdist.session import is_connect
 

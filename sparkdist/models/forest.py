@@ -21,6 +21,7 @@ from sparkdist._internals import (
     RandomForestClassifierParams,
     RandomForestRegressorParams,
 )
+from sparkdist._params import stable_seed
 from sparkdist.models._accessors_forest import (
     _RandomForestClassificationModelAccessors,
     _RandomForestClassifierAccessors,
@@ -34,7 +35,6 @@ from sparkdist.models._classification import (
     _TunedModel,
     check_input_columns,
     set_given,
-    stable_seed,
 )
 from sparkdist.models._labels import check_label
 from sparkdist.models._mllib import MLlibEstimator, MLlibModel, delegated

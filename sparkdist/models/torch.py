@@ -57,7 +57,6 @@ from pyspark.ml.param.shared import (
     HasPredictionCol,
     HasProbabilityCol,
     HasRawPredictionCol,
-    HasSeed,
 )
 from pyspark.ml.util import MLReader
 from pyspark.sql import DataFrame
@@ -68,8 +67,11 @@ from sparkdist.columns import check_one_of, require_columns
 from sparkdist.exceptions import ModelLoadError, ParamError
 from sparkdist.launch.preflight import preflight
 from sparkdist.models import _torch_checks as checks
-from sparkdist.models._accessors_torch import _TorchEstimatorAccessors, _TorchModelAccessors
-from sparkdist.models._classification import stable_seed
+from sparkdist.models._accessors_torch import (
+    _TorchEstimatorAccessors,
+    _TorchEstimatorInit,
+    _TorchModelAccessors,
+)
 from sparkdist.models._recovery import (
     ELASTIC_TRAJECTORY,
     RECOVERY_TRAJECTORY,
@@ -116,9 +118,9 @@ class _TorchParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasProbability
         return [self.getOrDefault("featuresCol")]
 
 
-class TorchEstimator(Estimator, _TorchParams, HasSeed, HasOptimization, HasDataRules,
-                     HasCommunication, HasStrategy, HasLaunch, HasStepCheckpoints, HasRecovery,
-                     HasElastic, ParamsPersistence, _TorchEstimatorAccessors):
+class TorchEstimator(_TorchEstimatorInit, Estimator, _TorchParams, HasOptimization,
+                     HasDataRules, HasCommunication, HasStrategy, HasLaunch, HasStepCheckpoints,
+                     HasRecovery, HasElastic, ParamsPersistence, _TorchEstimatorAccessors):
     """Train a PyTorch network data-parallel on ``numWorkers`` Spark tasks.
 
     Parameters
@@ -178,47 +180,15 @@ class TorchEstimator(Estimator, _TorchParams, HasSeed, HasOptimization, HasDataR
     ['prediction', 'rawPrediction', 'probability']
     """
 
+    _generated_init = True  # its constructor: a keyword per Param, by make accessors
     _param_aliases = _RENAMED  # keywords, and Param names a saved estimator may hold
     _renamed_params = _RENAMED
     #: The fingerprint policy (sparkdist.models._recovery), from each group's declaration;
     #: the data identity covers the columns read, so the column Params are not in it.
     _trajectory: ClassVar[dict[str, bool]] = {
         **RECOVERY_TRAJECTORY, **ELASTIC_TRAJECTORY, **TRAJECTORY, **STRATEGY_TRAJECTORY,
-        "seed": True, **dict.fromkeys(("featuresCol", "featureCols", "labelCol",
-                                       "predictionCol", "probabilityCol", "rawPredictionCol"),
-                                      False)}
-
-    @keyword_only
-    def __init__(self, *, model: Any = None, modelKwargs: dict | None = None,
-                 featuresCol: str | None = None, featureCols: list[str] | None = None,
-                 labelCol: str | None = None, predictionCol: str | None = None,
-                 probabilityCol: str | None = None, rawPredictionCol: str | None = None,
-                 loss: Any = None, optimizer: str | None = None,
-                 learningRate: float | None = None, weightDecay: float | None = None,
-                 batchSize: int | None = None, epochs: int | None = None,
-                 numWorkers: int | None = None, useGpu: Any = None, backend: str | None = None,
-                 validationIndicatorCol: str | None = None, validationCol: str | None = None,
-                 validationFraction: float | None = None,
-                 earlyStoppingPatience: int | None = None, numClasses: int | None = None,
-                 nanPolicy: str | None = None, seed: int | None = None,
-                 timeoutSeconds: float | None = None,
-                 rendezvousTimeoutSeconds: float | None = None, progress: bool | None = None,
-                 checkpointDir: str | None = None, checkpointEvery: int | None = None,
-                 checkpointEverySteps: int | None = None, keepCheckpoints: int | None = None,
-                 runId: str | None = None, resume: str | None = None,
-                 maxRetries: int | None = None, allowUnencrypted: bool | None = None,
-                 strategy: str | None = None, fsdpWrap: list[str] | None = None,
-                 mixedPrecision: bool | None = None, pipelineStages: int | None = None,
-                 pipelineSplitPoints: list[str] | None = None, microBatches: int | None = None,
-                 pipelineSchedule: str | None = None, syncEvery: int | None = None,
-                 syncWarmupSteps: int | None = None, maxStaleness: int | None = None,
-                 gradientCompression: str | None = None, powerSgdRank: int | None = None,
-                 minWorkers: int | None = None, slotWaitSeconds: float | None = None,
-                 quantization: str | None = None) -> None:
-        """Every keyword defaults to its Param's default (None: not set)."""
-        super().__init__()
-        self._setDefault(seed=stable_seed(type(self).__name__))  # the same in every process
-        self.setParams(**self._input_kwargs)  # type: ignore[attr-defined]
+        **dict.fromkeys(("featuresCol", "featureCols", "labelCol", "predictionCol",
+                         "probabilityCol", "rawPredictionCol"), False)}
 
     @keyword_only
     def setParams(self, **kwargs: Any) -> TorchEstimator:

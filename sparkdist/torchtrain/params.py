@@ -8,8 +8,8 @@ checkpoint and retry Params :class:`sparkdist.models._recovery.HasRecovery`, the
 
 Adding a TorchEstimator Param touches two places: its group here (the Param, its default, its
 line in the group's spec part and in :data:`TRAJECTORY`, the fingerprint policy of
-:mod:`sparkdist.models._recovery`) and the spec part's field in :mod:`.spec`; plus, to be a
-constructor keyword, ``TorchEstimator.__init__``.
+:mod:`sparkdist.models._recovery`) and the spec part's field in :mod:`.spec`. ``make
+accessors`` then writes its getter, setter and constructor keyword (``_TorchEstimatorInit``).
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from __future__ import annotations
 from typing import Any
 
 from pyspark.ml.param import Param, Params, TypeConverters
-from pyspark.ml.param.shared import HasValidationIndicatorCol
+from pyspark.ml.param.shared import HasSeed, HasValidationIndicatorCol
 
+from sparkdist._params import stable_seed
 from sparkdist.columns import check_one_of
 from sparkdist.exceptions import ParamError
 from sparkdist.torchtrain import network
@@ -37,9 +38,9 @@ from sparkdist.torchtrain.spec import (
 TRAJECTORY: dict[str, bool] = {
     **dict.fromkeys(("model", "modelKwargs", "loss", "batchSize", "optimizer", "learningRate",
                      "weightDecay", "epochs", "earlyStoppingPatience", "validationIndicatorCol",
-                     "validationFraction", "nanPolicy", "numClasses", "backend", "syncEvery",
-                     "syncWarmupSteps", "maxStaleness", "gradientCompression", "powerSgdRank",
-                     "numWorkers"), True),
+                     "validationFraction", "nanPolicy", "numClasses", "seed", "backend",
+                     "syncEvery", "syncWarmupSteps", "maxStaleness", "gradientCompression",
+                     "powerSgdRank", "numWorkers"), True),
     **dict.fromkeys(("useGpu", "quantization", "timeoutSeconds", "rendezvousTimeoutSeconds",
                      "progress", "allowUnencrypted", "checkpointEverySteps"), False)}
 
@@ -108,9 +109,9 @@ class HasScoring(Params):
         self._setDefault(batchSize=256, useGpu="auto", quantization="none")
 
 
-class HasOptimization(Params):
-    """optimizer, learningRate, weightDecay, epochs and earlyStoppingPatience: what one step
-    does and how many there are (with batchSize and seed)."""
+class HasOptimization(HasSeed):
+    """optimizer, learningRate, weightDecay, epochs, earlyStoppingPatience and seed: what one
+    step does and how many there are (with batchSize)."""
 
     optimizer: Param[str] = Param(Params._dummy(), "optimizer",
                                   f"one of {sorted(network.OPTIMIZERS)}",
@@ -129,7 +130,8 @@ class HasOptimization(Params):
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self._setDefault(optimizer="adam", learningRate=1e-3, weightDecay=0.0, epochs=10,
-                         earlyStoppingPatience=0)
+                         earlyStoppingPatience=0,
+                         seed=stable_seed(type(self).__name__))  # the same in every process
 
     def _optim_spec(self, validates: bool) -> OptimSpec:
         """``validates``: whether the fit holds rows out (early stopping needs them)."""

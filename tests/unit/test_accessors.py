@@ -104,6 +104,7 @@ rfcm: RandomForestClassificationModel = RandomForestClassificationModel().setThr
 rfr: RandomForestRegressor = RandomForestRegressor().setSubsamplingRate(0.5).setSeed(1)
 rfrm: RandomForestRegressionModel = RandomForestRegressionModel().setPredictionCol("p")
 te: TorchEstimator = TorchEstimator().setEpochs(2).setBatchSize(64).setModel(object)
+built: TorchEstimator = TorchEstimator(epochs=2, learningRate=0.1, validationCol="v", model=object)
 tm: TorchModel = TorchModel().setBatchSize(32)
 xc: XGBoostClassifier = XGBoostClassifier().setMaxDepth(3).setNumWorkers(2)
 depth: int | None = xc.getMaxDepth()
@@ -115,6 +116,8 @@ XGBoostClassifier().setNumWorkers(2.5)  # E
 FeatureAssembler().setNumericCols("a")  # E
 ALS().setRank("4")  # E
 TorchEstimator().setEpochs("2")  # E
+TorchEstimator(epochs="2")  # E
+TorchEstimator(learningRte=0.1)  # E (a misspelt keyword)
 wrong: str = LogisticRegression().getMaxIter()  # E
 unset: int = XGBoostClassifier().getMaxDepth()  # E (None: xgboost's own default)
 """
@@ -165,3 +168,19 @@ def test_a_module_whose_accessors_outgrow_the_limit_is_split_into_files_that_imp
                 for a in node.names}
     assert imported == {n for path in parts for n in re.findall(r"^class (\w+)\(",
                                                                 files[path], re.MULTILINE)}
+
+
+def test_a_generated_constructor_takes_every_param_and_alias_and_checks_its_keywords():
+    """TorchEstimator's keywords come from ``make accessors``: adding a Param adds its keyword,
+    and an unknown one is still a ParamError naming the closest (pyspark's would be a bare
+    TypeError)."""
+    from sparkdist.exceptions import ParamError
+    from sparkdist.models import TorchEstimator
+
+    signature = inspect.signature(TorchEstimator.__init__)
+    assert set(signature.parameters) - {"self"} == \
+        {p.name for p in class_params(TorchEstimator)} | {"validationCol"}
+    est = TorchEstimator(epochs=3, learningRate=0.5)
+    assert (est.getEpochs(), est.getLearningRate(), est.isSet("batchSize")) == (3, 0.5, False)
+    with pytest.raises(ParamError, match="Did you mean 'learningRate'"):
+        TorchEstimator(learningRte=0.1)

@@ -53,6 +53,7 @@ EXPECTED = [
     "sparkdist.models.logistic.LogisticRegression",
     "sparkdist.models.logistic.LogisticRegressionModel",
     "sparkdist.models.torch.TorchEstimator",
+    "sparkdist.torchtrain.params.HasOptimization",  # TorchEstimator's group that reads it
 ]
 
 
