@@ -34,7 +34,7 @@ RESULTS = BENCH / "results"
 LATEST = RESULTS / "latest.json"
 PAGE = REPO / "docs" / "performance.md"
 SCRIPTS = ("split_assembly", "classical", "deep", "parallel", "communication", "quantization",
-           "daemon_memory")
+           "daemon_memory", "inputs")
 #: A run is noise, not a result, where the 1-minute load average exceeded this before it
 #: started (or, for a result without per-process figures, at any sample) ...
 NOISY_LOAD = 1.5
@@ -190,7 +190,7 @@ def stored(names: tuple[str, ...] = SCRIPTS) -> dict[str, tuple[dict[str, Any], 
 # -- the comparison table ------------------------------------------------------------------
 
 #: Which way is better, by unit, for a row whose target does not say.
-LOWER_IS_BETTER = {"s", "MiB", "bytes", "syncs"}
+LOWER_IS_BETTER = {"s", "MiB", "bytes", "syncs", "RMSE"}
 
 
 def table(figures: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -201,7 +201,7 @@ def table(figures: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
                           ("deep", _deep_rows), ("parallel", _parallel_rows),
                           ("communication", _communication_rows),
                           ("quantization", _quantization_rows),
-                          ("daemon_memory", _daemon_rows)):
+                          ("daemon_memory", _daemon_rows), ("inputs", _inputs_rows)):
         if name not in figures:
             continue
 
@@ -318,6 +318,26 @@ def _quantization_rows(f: dict[str, Any], row: Any) -> None:
         row(f"TorchModel int8 vs float32 transform, rows/s, {kind} (speed-up)",
             side["int8_rows_per_s"], side["fp32_rows_per_s"], side["int8_speedup"], "-",
             "rows/s", side.get("definition"))
+
+
+def _inputs_rows(f: dict[str, Any], row: Any) -> None:
+    """bench/inputs.py: several typed inputs (ids, images, sequences)."""
+    feed, auc, digits = f["feed"], f["click_auc"], f["digits"]
+    row("TorchEstimator DLRM-style fit vs bare barrier scan of the same columns, rows/s",
+        feed["fit_rows_per_s"], feed["bare_rows_per_s"], feed["ratio"], feed["target"],
+        "rows/s", feed["definition"])
+    row("DLRM-style model, TorchEstimator vs single-process torch loop, test AUC (difference)",
+        auc["sparkdist_auc"], auc["single_process_auc"], auc["difference"], auc["target"],
+        "AUC", auc["definition"])
+    row("ImageCNN on digits as [1, 8, 8] images, test accuracy", digits["accuracy"], 1.0,
+        digits["accuracy"], digits["target"], "accuracy", digits["definition"])
+    ratings, memory = f["ratings"], f["sequence_memory"]
+    row(f"TwoTower vs ALS on the ratings sample, test RMSE ({ratings['winner']} wins)",
+        ratings["two_tower_rmse"], ratings["als_rmse"], ratings["ratio"], "-", "RMSE",
+        ratings["definition"])
+    row(f"Token-sequence fit, peak worker RSS, {memory['large_rows']:,} vs "
+        f"{memory['small_rows']:,} rows", memory["large_peak_mb"], memory["small_peak_mb"],
+        memory["ratio"], memory["target"], "MiB", memory["definition"])
 
 
 def _deep_rows(f: dict[str, Any], row: Any) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_DB = "mlruns.db"
+_LOG = logging.getLogger(__name__)
 
 
 def _mlflow() -> Any:
@@ -116,11 +117,16 @@ def _log_torch_module(mlflow: Any, model: Any) -> None:
     (torch.export's pt2 format: no pickle; a 4-row example keeps the batch size dynamic).
     A TorchModel with ``quantization='int8'`` (its Spark model then scores in int8 too) also
     gets ``torch_model_int8``: the network with its Linear layers dynamically quantized, as
-    ``module()`` returns it; loading it needs torchao."""
+    ``module()`` returns it; loading it needs torchao. A network with typed inputs
+    (``inputCols``) is not logged this way (not built yet)."""
     from sparkdist.evaluation import final_stage
 
     final = final_stage(model)
     if type(final).__name__ != "TorchModel":
+        return
+    if final.inputFields():  # the pt2 export takes one example tensor, not keyword inputs
+        _LOG.info("a TorchModel with typed inputs (inputCols) is logged as a Spark model only, "
+                  "not also with the pytorch flavour")
         return
     import torch
 

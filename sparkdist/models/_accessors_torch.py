@@ -24,9 +24,21 @@ class _Shared1(Params):
         """Gets the value of :py:attr:`featureCols` or its default value."""
         return self.getOrDefault("featureCols")
 
+    def getInputCols(self) -> dict:
+        """Gets the value of :py:attr:`inputCols` or its default value."""
+        return self.getOrDefault("inputCols")
+
+    def getInputShapes(self) -> dict:
+        """Gets the value of :py:attr:`inputShapes` or its default value."""
+        return self.getOrDefault("inputShapes")
+
     def getLoss(self) -> str:
         """Gets the value of :py:attr:`loss` or its default value."""
         return self.getOrDefault("loss")
+
+    def getMaxSequenceLength(self) -> int:
+        """Gets the value of :py:attr:`maxSequenceLength` or its default value."""
+        return self.getOrDefault("maxSequenceLength")
 
     def getModel(self) -> str:
         """Gets the value of :py:attr:`model` or its default value."""
@@ -59,6 +71,19 @@ class _Shared1(Params):
         """Sets the value of :py:attr:`featuresCol`: features column name."""
         return self._set(featuresCol=value)
 
+    def setInputCols(self: _S, value: Any) -> _S:
+        """Sets the value of :py:attr:`inputCols`: a dict from the network's forward argument names
+        to columns, each passed as its own tensor: integer columns and arrays as int64 ids, numbers,
+        vectors and float arrays as float32 (instead of one features vector:
+        featuresCol/featureCols)."""
+        return self._set(inputCols=value)
+
+    def setInputShapes(self: _S, value: Any) -> _S:
+        """Sets the value of :py:attr:`inputShapes`: a dict from forward argument names to a fixed
+        shape per row (e.g. {'image': [1, 8, 8]}): a flat array column is reshaped to it; an integer
+        array without one is a variable-length sequence."""
+        return self._set(inputShapes=value)
+
     def setLabelCol(self: _S, value: str) -> _S:
         """Sets the value of :py:attr:`labelCol`: label column name."""
         return self._set(labelCol=value)
@@ -68,6 +93,12 @@ class _Shared1(Params):
         class, or a function (output, label) -> per-row losses (a class or function given is stored
         by its name)."""
         return self._set(loss=value)
+
+    def setMaxSequenceLength(self: _S, value: int) -> _S:
+        """Sets the value of :py:attr:`maxSequenceLength`: longest variable-length sequence kept
+        (longer ones are cut to their first values); each batch is padded to its own longest, with a
+        boolean <arg>_mask when forward takes one, >= 1."""
+        return self._set(maxSequenceLength=value)
 
     def setModel(self: _S, value: Any) -> _S:
         """Sets the value of :py:attr:`model`: the nn.Module subclass, or its qualified name
@@ -459,8 +490,9 @@ class _TorchEstimatorInit(Params):
         earlyStoppingPatience: int | None = None, epochs: int | None = None,
         featureCols: list[str] | None = None, featuresCol: str | None = None,
         fsdpWrap: list[str] | None = None, gradientCompression: str | None = None,
-        keepCheckpoints: int | None = None, labelCol: str | None = None,
-        learningRate: float | None = None, loss: Any = None, maxRetries: int | None = None,
+        inputCols: Any = None, inputShapes: Any = None, keepCheckpoints: int | None = None,
+        labelCol: str | None = None, learningRate: float | None = None, loss: Any = None,
+        maxRetries: int | None = None, maxSequenceLength: int | None = None,
         maxStaleness: int | None = None, microBatches: int | None = None,
         minWorkers: int | None = None, mixedPrecision: bool | None = None, model: Any = None,
         modelKwargs: dict | None = None, nanPolicy: str | None = None,

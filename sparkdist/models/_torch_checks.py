@@ -8,6 +8,8 @@ knows no estimator class (sparkdist.models.torch imports it, never the other way
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import math
 from collections.abc import Callable
 from typing import Any
@@ -15,33 +17,136 @@ from typing import Any
 from pyspark.ml.linalg import VectorUDT
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import ArrayType, BooleanType, NumericType, StructType
+from pyspark.sql.types import ArrayType, BooleanType, IntegralType, NumericType, StructType
 
 from sparkdist.columns import col, empty_data_error, require_columns, require_numeric
 from sparkdist.exceptions import ModelLoadError, ParamError, SchemaError
 from sparkdist.models._recovery import content_hash
 from sparkdist.torchtrain import datacheck, network, strategies
-from sparkdist.torchtrain.spec import DataRules, TrainSpec
+from sparkdist.torchtrain.spec import DataRules, InputField, TrainSpec
 
 _INDEX_STRINGS = "index string labels with FeatureAssembler(labelCol=...) or cast to double."
 
 
 def prepare(dataset: DataFrame, source: list[str], label: str, validation_col: str | None,
-            fraction: float, seed: int) -> DataFrame:
-    """Columns ``features`` (array<float>), ``label`` (float), ``is_validation``: the rows of
-    ``validation_col`` where given, else a seeded hash split holding out ``fraction``."""
-    columns = source + [label] + ([validation_col] if validation_col else [])
+            fraction: float, seed: int, fields: tuple[InputField, ...] = ()) -> DataFrame:
+    """Columns ``features`` (array<float>) or each typed input (``fields``), ``label``
+    (float), ``is_validation``: the rows of ``validation_col`` where given, else a seeded hash
+    split holding out ``fraction``."""
+    columns = ([f.column for f in fields] or source) + [label] + (
+        [validation_col] if validation_col else [])
     require_columns(dataset.schema, columns, "TorchEstimator")
-    features = features_array(dataset.schema, source)
+    names = [f.name for f in fields] or ["features"]
+    inputs = [input_column(dataset.schema, f) for f in fields] or [
+        features_array(dataset.schema, source)]
     require_numeric(dataset.schema, label, "labelCol", _INDEX_STRINGS)
     if validation_col:
         flag = _validation_flag(dataset.schema, validation_col)
     else:  # a seeded hash of the row: the same rows are held out on every run and retry
-        bucket = F.abs(F.xxhash64(features, F.lit(seed))) % 10**6
+        bucket = F.abs(F.xxhash64(*inputs, F.lit(seed))) % 10**6
         flag = bucket < F.lit(int(fraction * 10**6)) if fraction else F.lit(False)
-    return dataset.select(features.alias("features"),
-                          col(label).cast("float").alias("label"),
-                          flag.alias("is_validation"))
+    return dataset.select(*(c.alias(name) for c, name in zip(inputs, names)),
+                          col(label).cast("float").alias("label"), flag.alias("is_validation"))
+
+
+# ------------------------------------------------------------------------- typed inputs
+def input_fields(dataset: DataFrame, columns: dict[str, str], shapes: dict[str, list[int]],
+                 longest: int, module: type) -> tuple[InputField, ...]:
+    """The typed inputs (``inputCols``) from the columns' types and the network's ``forward``:
+    SchemaError naming a missing or unsupported column, ParamError naming an argument
+    ``forward`` does not take (or one it needs that inputCols leaves out). A fixed width the
+    schema does not tell (a float array, a vector without metadata) comes from the first row:
+    one job that reads a row."""
+    if not columns:
+        return ()
+    require_columns(dataset.schema, list(columns.values()), "TorchEstimator")
+    takes = _forward_arguments(module, columns)
+    fields = [_input_field(dataset.schema, arg, name, shapes.get(arg), longest, takes)
+              for arg, name in columns.items()]
+    unknown = [f for f in fields if f.shape == (0,)]
+    if unknown:
+        widths = _first_row_widths(dataset, unknown)
+        fields = [dataclasses.replace(f, shape=(widths[f.arg],)) if f.arg in widths else f
+                  for f in fields]
+    return tuple(fields)
+
+
+def _forward_arguments(module: type, columns: dict[str, str]) -> set[str] | None:
+    """The keyword arguments ``module.forward`` takes (None: any, it has ``**kwargs``);
+    ParamError for an argument of inputCols it does not take, or one it needs that is not
+    given."""
+    forward = getattr(module, "forward")  # noqa: B009 (a type to mypy, a Module here)
+    parameters = list(inspect.signature(forward).parameters.values())[1:]  # no self
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return None
+    takes = {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    named = f"{module.__qualname__}.forward({', '.join(p.name for p in parameters)})"
+    for arg in columns:
+        if arg not in takes:
+            raise ParamError(f"inputCols names the argument '{arg}', but {named} does not "
+                             f"take it; name the arguments forward takes.")
+    given = {*columns, *(f"{arg}_mask" for arg in columns)}  # a sequence's mask is given
+    needed = [p.name for p in parameters if p.default is p.empty and p.name not in given
+              and p.kind is not p.VAR_POSITIONAL]
+    if needed:
+        raise ParamError(f"{named} needs {needed}, which inputCols does not give; add "
+                         f"them to inputCols (or give them defaults).")
+    return takes
+
+
+def _input_field(schema: StructType, arg: str, name: str, shape: list[int] | None,
+                 longest: int, takes: set[str] | None) -> InputField:
+    """One typed input; shape (0,) where its width is still to be read from a row."""
+    dtype = schema[name].dataType
+    element = dtype.elementType if isinstance(dtype, ArrayType) else dtype
+    where = f"inputCols['{arg}'] (column '{name}')"
+    if not isinstance(element, NumericType | BooleanType) and not isinstance(dtype, VectorUDT):
+        raise SchemaError(f"{where} has type {dtype.simpleString()}; use numbers, integer ids, "
+                          f"an ML vector or an array of numbers (index strings with "
+                          f"StringIndexer, flatten nested arrays with F.flatten).")
+    ints = isinstance(element, IntegralType)
+    kind = "int64" if ints else "float32"
+    mask = takes is not None and f"{arg}_mask" in takes
+    if isinstance(dtype, ArrayType | VectorUDT):
+        if shape:
+            return InputField(arg, name, kind, tuple(shape))
+        if ints:  # a variable-length sequence, the one kind with a mask
+            return InputField(arg, name, kind, sequence=True, max_length=longest, mask=mask)
+        width = schema_width(schema, [name]) if isinstance(dtype, VectorUDT) else None
+        return InputField(arg, name, kind, (width or 0,))
+    if shape and math.prod(shape) != 1:
+        raise ParamError(f"inputShapes['{arg}']={shape}, but {where} holds one number per "
+                         f"row; leave its shape out (or use [1]).")
+    return InputField(arg, name, kind, tuple(shape or ()))
+
+
+def _first_row_widths(dataset: DataFrame, fields: list[InputField]) -> dict[str, int]:
+    """Values per row of each of ``fields``, read from the first row."""
+    from pyspark.ml.functions import vector_to_array
+
+    sizes = [F.size(vector_to_array(col(f.column)) if isinstance(
+        dataset.schema[f.column].dataType, VectorUDT) else col(f.column)).alias(f.arg)
+        for f in fields]
+    row = dataset.select(*sizes).first()
+    if row is None:
+        raise empty_data_error("TorchEstimator.fit")
+    widths = {f.arg: row[f.arg] for f in fields}
+    empty = [f.describe() for f in fields if not widths[f.arg] or widths[f.arg] < 1]
+    if empty:
+        raise SchemaError(f"{', '.join(empty)}: the first row's array is null or empty, so "
+                          f"its length is unknown; set its shape in inputShapes.")
+    return widths
+
+
+def input_column(schema: StructType, field: InputField) -> Any:
+    """A typed input's column cast to what the feed holds: int64 ids or float32 values."""
+    from pyspark.ml.functions import vector_to_array
+
+    dtype = schema[field.column].dataType
+    if isinstance(dtype, VectorUDT):
+        return vector_to_array(col(field.column), "float32")
+    value = "bigint" if field.dtype == "int64" else "float"
+    return col(field.column).cast(f"array<{value}>" if isinstance(dtype, ArrayType) else value)
 
 
 def _validation_flag(schema: StructType, name: str) -> Any:
@@ -56,9 +161,13 @@ def check_data(prepared: DataFrame, rules: DataRules, identity: bool = False) ->
     """One Spark job over the data, for fits that must read it before launch (a class count
     to infer, a resume fingerprint): rows, vector lengths, bad values, label range, checked by
     :func:`datacheck.check_stats`; with ``identity`` also the content hash of the rows (the
-    resume fingerprint's data identity)."""
-    extra = [content_hash("features", "label", "is_validation")] if identity else []
-    stats = prepared.agg(*_data_aggregates(), *extra).collect()[0].asDict()
+    resume fingerprint's data identity). Typed inputs' own values are checked by the ranks,
+    in the pass that trains on them."""
+    inputs = [f.name for f in rules.inputs] or ["features"]
+    extra = [content_hash(*inputs, "label", "is_validation")] if identity else []
+    stats = prepared.agg(*_data_aggregates(bool(rules.inputs)), *extra).collect()[0].asDict()
+    for field in rules.inputs:
+        stats.update({f"{field.arg}.{name}": 0 for name in datacheck.INPUT_FIELDS})
     datacheck.check_stats(stats, rules)
     return stats
 
@@ -88,22 +197,28 @@ def schema_width(schema: StructType, columns: list[str]) -> int | None:
     return int(width) if width else None
 
 
-def check_model(spec: TrainSpec) -> None:
+def check_model(spec: TrainSpec) -> TrainSpec:
     """Build the network on the driver and run two rows of zeros through it; then the
-    strategy's preflight."""
+    strategy's preflight. Returns ``spec`` with the embedding table sizes the network
+    declares (``embedding_sizes``: a dict from argument to rows) for its typed inputs."""
     import torch
 
     model = spec.model
+    inputs = network.dummy_inputs(model.input_dim, model.inputs)
     try:
         module = network.build_module(model.module, model.module_kwargs, model.input_dim,
-                                   model.output_dim)
+                                      model.output_dim)
         module.eval()
         with torch.no_grad():
-            output = module(torch.zeros(2, model.input_dim))
+            output = network.forward(module, inputs)
     except Exception as err:
         raise ParamError(f"model={model.module_name!r} with modelKwargs="
                          f"{model.module_kwargs} fails on input of shape "
-                         f"(2, {model.input_dim}): {type(err).__name__}: {err}") from err
+                         f"({network.describe_inputs(inputs)}): {type(err).__name__}: {err}"
+                         ) from err
+    if not isinstance(output, torch.Tensor):
+        raise ParamError(f"model={model.module_name!r} returns {type(output).__name__}, not "
+                         f"a tensor; return the outputs as one tensor.")
     width = int(math.prod(output.shape[1:])) if output.dim() > 1 else 1
     if output.shape[0] != 2 or width != model.output_dim:
         raise ParamError(f"model={model.module_name!r} returns shape "
@@ -111,6 +226,23 @@ def check_model(spec: TrainSpec) -> None:
                          f"needs {model.output_dim} output(s) per row; set the model's "
                          f"output size (modelKwargs) to {model.output_dim}.")
     strategies.check(spec, module)
+    return _with_table_sizes(spec, module)
+
+
+def _with_table_sizes(spec: TrainSpec, module: Any) -> TrainSpec:
+    """``spec`` whose typed inputs carry the table sizes ``module.embedding_sizes`` declares."""
+    sizes = getattr(module, "embedding_sizes", None) or {}
+    if not spec.model.inputs or not sizes:
+        return spec
+    args = {f.arg for f in spec.model.inputs}
+    if not isinstance(sizes, dict) or not all(
+            arg in args and isinstance(n, int) and n > 0 for arg, n in sizes.items()):
+        raise ParamError(f"model={spec.model.module_name!r} declares embedding_sizes={sizes!r}; "
+                         f"use a dict from inputCols arguments ({sorted(args)}) to table rows.")
+    fields = tuple(dataclasses.replace(f, num_embeddings=sizes.get(f.arg, 0))
+                   for f in spec.model.inputs)
+    return dataclasses.replace(spec, model=dataclasses.replace(spec.model, inputs=fields),
+                               rules=dataclasses.replace(spec.rules, inputs=fields))
 
 
 def check_weights(weights: dict[str, Any], module_class: type, name: str,
@@ -309,9 +441,14 @@ def good_row() -> Any:
     return ~(_bad_features(F.col("features")) | _bad_value(F.col("label")))
 
 
-def _data_aggregates() -> list[Any]:
+def _data_aggregates(typed: bool) -> list[Any]:
     label = F.col("label")
     good_label = F.when(~_bad_value(label), label)
+    if typed:  # the inputs' figures come from the ranks
+        return [F.count(F.lit(1)).alias("rows"), F.lit(0).alias("min_dim"),
+                F.lit(0).alias("max_dim"), F.count_if(_bad_value(label)).alias("bad_rows"),
+                F.min(good_label).alias("min_label"), F.max(good_label).alias("max_label"),
+                F.count_if(good_label != F.floor(good_label)).alias("fractional")]
     return [F.count(F.lit(1)).alias("rows"),
             F.min(F.size("features")).alias("min_dim"),
             F.max(F.size("features")).alias("max_dim"),

@@ -43,6 +43,7 @@ Examples
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 import warnings
@@ -85,13 +86,14 @@ from sparkdist.torchtrain.params import (
     TRAJECTORY,
     HasCommunication,
     HasDataRules,
+    HasInputs,
     HasLaunch,
     HasNetwork,
     HasOptimization,
     HasScoring,
     HasStepCheckpoints,
 )
-from sparkdist.torchtrain.spec import QUANTIZATIONS, ScoreSpec, TrainSpec
+from sparkdist.torchtrain.spec import QUANTIZATIONS, InputField, ScoreSpec, TrainSpec
 from sparkdist.torchtrain.strategies.params import TRAJECTORY as STRATEGY_TRAJECTORY
 from sparkdist.torchtrain.strategies.params import HasStrategy
 
@@ -103,13 +105,18 @@ _RENAMED = {"validationCol": "validationIndicatorCol"}
 
 
 class _TorchParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasProbabilityCol,
-                   HasRawPredictionCol, HasNetwork, HasScoring):
-    """Params shared by TorchEstimator and TorchModel: the columns, the network, scoring."""
+                   HasRawPredictionCol, HasNetwork, HasInputs, HasScoring):
+    """Params shared by TorchEstimator and TorchModel: the columns, the network and its
+    inputs, scoring."""
 
     featureCols: Param[list[str]] = Param(
         Params._dummy(), "featureCols",
         "numeric columns to use as the features instead of featuresCol (a vector or array)",
         typeConverter=TypeConverters.toListString)
+
+    def inputColumns(self) -> list[str]:
+        """The columns the network reads: inputCols' columns, else the feature column(s)."""
+        return list(self.getOrDefault("inputCols").values()) or self.featureSource()
 
     def featureSource(self) -> list[str]:
         """The column(s) features come from."""
@@ -239,20 +246,22 @@ class TorchEstimator(_TorchEstimatorInit, Estimator, _TorchParams, HasOptimizati
         """The prepared data, the fit's typed spec (checked: Params, data, the network on
         two rows, the strategy's preflight) and the data's figures."""
         parts = self._spec_parts()
-        network.resolve_model(self.getOrDefault("model"))  # a bad name before the data pass
+        module = network.resolve_model(self.getOrDefault("model"))  # before the data pass
         network.resolve_loss(self.getOrDefault("loss"))
+        fields = checks.input_fields(dataset, *self._input_params(), module)
+        parts["rules"] = dataclasses.replace(parts["rules"], inputs=fields)
         prepared = checks.prepare(dataset, self.featureSource(), self.getOrDefault("labelCol"),
                                   self.validation_column(),
                                   self.getOrDefault("validationFraction"),
-                                  self.getOrDefault("seed"))
+                                  self.getOrDefault("seed"), fields)
         stats = self._read_data(dataset, prepared, parts["rules"],
                                 identity=checkpoint_dir is not None)
-        spec = TrainSpec(model=self._model_spec(int(stats["max_dim"]), self._classes(stats)),
+        spec = TrainSpec(model=self._model_spec(int(stats["max_dim"]), self._classes(stats),
+                                                fields),
                          checkpoint=self._checkpoint_spec(checkpoint_dir, run_id),
                          hooks=hooks.armed(self), **parts)
         strategies.check_compatible(spec)
-        checks.check_model(spec)  # the strategy's preflight included
-        return prepared, spec, stats
+        return prepared, checks.check_model(spec), stats  # the strategy's preflight included
 
     def _classes(self, stats: dict[str, Any]) -> int:
         """numClasses, else inferred for cross_entropy (max label + 1); 2 for bce."""
@@ -265,16 +274,20 @@ class TorchEstimator(_TorchEstimatorInit, Estimator, _TorchParams, HasOptimizati
         """What decides the training trajectory (``_trajectory``), plus the data's identity:
         a run resumes only when all of it matches."""
         validation = self.validation_column()
-        columns = self.featureSource() + [self.getOrDefault("labelCol")] + (
+        columns = self.inputColumns() + [self.getOrDefault("labelCol")] + (
             [validation] if validation else [])
         return {**self._fingerprint_params(),
                 **data_identity(dataset.select(*columns).schema, stats)}
 
     def _fingerprint_params(self) -> dict[str, Any]:
-        """The Params part of the fingerprint; validationIndicatorCol under its old name, so
-        runs checkpointed before the rename still resume."""
+        """The Params part of the fingerprint; validationIndicatorCol under its old name, and
+        without the typed-input Params where inputCols is not set, so runs checkpointed before
+        the rename and before typed inputs still resume."""
         values = self._trajectory_values()
         values["validationCol"] = values.pop("validationIndicatorCol", None)
+        if not values.get("inputCols"):  # a features fit: as before typed inputs existed
+            for name in ("inputCols", "inputShapes", "maxSequenceLength"):
+                values.pop(name)
         return values
 
     def _read_data(self, dataset: DataFrame, prepared: DataFrame, rules: Any,
@@ -284,6 +297,8 @@ class TorchEstimator(_TorchEstimatorInit, Estimator, _TorchParams, HasOptimizati
         fingerprint's content hash: one Spark job, checked by the same rules as the ranks
         apply). Otherwise the ranks check the values in the pass that trains on them."""
         infer_classes = rules.loss == "cross_entropy" and not rules.num_classes
+        if rules.inputs and not (identity or infer_classes):
+            return {"max_dim": 0, "max_label": None}  # the typed inputs need no width
         width = None if identity or infer_classes else checks.input_width(
             dataset.schema, self.featureSource(), prepared)
         if width is None:
@@ -360,6 +375,11 @@ class TorchModel(Model, _TorchParams, PersistentModel, _TorchModelAccessors):
             return inference.quantize_int8(module.eval())
         return module.eval()
 
+    def inputFields(self) -> tuple[InputField, ...]:
+        """The typed inputs the network was trained on (``inputCols``); () for one features
+        vector."""
+        return tuple(InputField.parse(saved) for saved in self._info.get("inputs", []))
+
     def _network(self) -> Any:
         return network.build_module(network.resolve_model(self.getOrDefault("model")),
                                  self.getOrDefault("modelKwargs") or {},
@@ -373,7 +393,7 @@ class TorchModel(Model, _TorchParams, PersistentModel, _TorchModelAccessors):
         check_one_of("quantization", value, QUANTIZATIONS)
         if value == "int8":
             inference.try_int8(self._network(), self.getOrDefault("model"), self.inputDim,
-                               int(self._info["output_dim"]))
+                               int(self._info["output_dim"]), self.inputFields())
         return str(value)
 
     def _transform(self, dataset: DataFrame) -> DataFrame:
@@ -381,9 +401,14 @@ class TorchModel(Model, _TorchParams, PersistentModel, _TorchModelAccessors):
         network's Linear layers to int8 once (dynamic quantization, torchao) and scores on
         the CPU, also where the task has a GPU; a network without Linear layers is refused
         (ParamError) rather than scored in float32 under the int8 name."""
-        require_columns(dataset.schema, self.featureSource(), "TorchModel")
-        features = checks.scoring_features(dataset.schema, self.featureSource(),
-                                           self.inputDim)
+        fields = self.inputFields()
+        if fields:
+            require_columns(dataset.schema, [f.column for f in fields], "TorchModel")
+            columns = [checks.input_column(dataset.schema, f) for f in fields]
+        else:
+            require_columns(dataset.schema, self.featureSource(), "TorchModel")
+            columns = [checks.scoring_features(dataset.schema, self.featureSource(),
+                                               self.inputDim)]
         get = self.getOrDefault
         spec = ScoreSpec(module=network.resolve_model(get("model")),
                          module_kwargs=dict(get("modelKwargs") or {}),
@@ -391,9 +416,9 @@ class TorchModel(Model, _TorchParams, PersistentModel, _TorchModelAccessors):
                          input_dim=int(self._info["input_dim"]),
                          output_dim=int(self._info["output_dim"]), loss=get("loss"),
                          batch_size=get("batchSize"), use_gpu=get("useGpu"),
-                         quantization=self._quantization())
+                         quantization=self._quantization(), inputs=fields)
         predict = inference.predict_udf(spec, self.task)
-        scored = dataset.withColumn("__sparkdist_out", predict(features))
+        scored = dataset.withColumn("__sparkdist_out", predict(*columns))
         return self._output_columns(scored).drop("__sparkdist_out")
 
     def _output_columns(self, scored: DataFrame) -> DataFrame:
@@ -458,6 +483,11 @@ class TorchModel(Model, _TorchParams, PersistentModel, _TorchModelAccessors):
             raise ModelLoadError(f"'{path}': the saved model state lacks {missing}; the "
                                  "directory is incomplete or was edited. Save the model again.")
         try:
+            [InputField.parse(saved) for saved in state.get("inputs", [])]
+        except (TypeError, ValueError) as err:
+            raise ModelLoadError(f"'{path}': its typed inputs were edited ({err}); save the "
+                                 "model again.") from err
+        try:
             raw = store.read_bytes(f"{path}/{WEIGHTS_FILE}")
             weights = torch.load(io.BytesIO(raw), weights_only=True)
         except Exception as err:
@@ -482,5 +512,6 @@ def _user_frame_level() -> int:
 
 
 def _model_state(spec: TrainSpec) -> dict[str, Any]:
+    typed = {"inputs": [f.saved() for f in spec.model.inputs]} if spec.model.inputs else {}
     return {"input_dim": spec.model.input_dim, "output_dim": spec.model.output_dim,
-            "num_classes": spec.model.num_classes, "run_id": spec.checkpoint.run_id}
+            "num_classes": spec.model.num_classes, "run_id": spec.checkpoint.run_id, **typed}

@@ -11,7 +11,9 @@ rules to its own aggregates before launch.
 
 ``stats`` holds ``rows``, ``bad_rows`` (NaN, infinite or null in the features or the label),
 ``min_dim``/``max_dim`` (vector lengths of the good rows), ``min_label``/``max_label`` and
-``fractional`` (good labels that are not whole numbers).
+``fractional`` (good labels that are not whole numbers). With typed inputs (``inputCols``) each
+input adds :data:`INPUT_FIELDS` (``<arg>.nulls``...): null values or null array elements, rows
+whose array is not the declared length, the smallest and largest id.
 """
 
 from __future__ import annotations
@@ -27,10 +29,12 @@ from sparkdist.columns import empty_data_error
 from sparkdist.exceptions import ParamError, SchemaError
 
 if TYPE_CHECKING:
-    from sparkdist.torchtrain.spec import DataRules
+    from sparkdist.torchtrain.spec import DataRules, InputField
 
 #: The order of the figures in the all-reduced table.
 FIELDS = ("rows", "bad_rows", "min_dim", "max_dim", "min_label", "max_label", "fractional")
+#: Each typed input's figures, after :data:`FIELDS`.
+INPUT_FIELDS = ("nulls", "wrong_length", "min_id", "max_id")
 
 
 def check_stats(stats: dict[str, Any], rules: DataRules) -> None:
@@ -39,7 +43,9 @@ def check_stats(stats: dict[str, Any], rules: DataRules) -> None:
     source = rules.source
     if stats["rows"] == 0:
         raise empty_data_error("TorchEstimator.fit")
-    if stats["min_dim"] != stats["max_dim"]:
+    for field in rules.inputs:
+        _check_input(field, {name: stats[f"{field.arg}.{name}"] for name in INPUT_FIELDS})
+    if not rules.inputs and stats["min_dim"] != stats["max_dim"]:
         raise SchemaError(f"featuresCol: rows of '{source}' have between {stats['min_dim']} "
                           f"and {stats['max_dim']} values; every row needs the same length "
                           f"(assemble them with FeatureAssembler).")
@@ -53,6 +59,29 @@ def check_stats(stats: dict[str, Any], rules: DataRules) -> None:
         raise ParamError(f"batchSize={rules.batch_size} exceeds the {good} usable rows; "
                          f"lower batchSize.")
     _check_labels(stats, rules)
+
+
+def _check_input(field: InputField, figures: dict[str, Any]) -> None:
+    """SchemaError for a typed input's nulls, lengths or ids (not dropped by nanPolicy: a
+    null id or a cut array is a broken row, not a measurement gone wrong)."""
+    where = field.describe()
+    if figures["nulls"]:
+        raise SchemaError(f"{where} holds {figures['nulls']} null values (or null elements "
+                          f"inside arrays); drop or fill them before training.")
+    if figures["wrong_length"]:
+        raise SchemaError(f"{where}: {figures['wrong_length']} rows do not hold "
+                          f"{field.width} values (inputShapes['{field.arg}']="
+                          f"{list(field.shape)}); fix the shape in inputShapes or the arrays.")
+    if field.dtype != "int64" or figures["min_id"] is None:
+        return
+    if figures["min_id"] < 0:
+        raise SchemaError(f"{where} holds the negative id {figures['min_id']:.0f}; ids index "
+                          f"an embedding table from 0: re-index the column (e.g. with "
+                          f"StringIndexer) before training.")
+    if field.num_embeddings and figures["max_id"] >= field.num_embeddings:
+        raise SchemaError(f"{where} holds the id {figures['max_id']:.0f}, but the network's "
+                          f"table for '{field.arg}' has {field.num_embeddings} rows "
+                          f"(embedding_sizes); enlarge the table (modelKwargs) or re-index.")
 
 
 def _check_labels(stats: dict[str, Any], rules: DataRules) -> None:
@@ -72,10 +101,18 @@ def _check_labels(stats: dict[str, Any], rules: DataRules) -> None:
                          f"{stats['max_label']:.0f}; raise numClasses or leave it 0.")
 
 
-def combine(table: np.ndarray) -> dict[str, Any]:
+def combine(table: np.ndarray, fields: tuple[InputField, ...] = ()) -> dict[str, Any]:
     """The totals of every rank's :meth:`PartitionScan.figures` (one row per rank); the
     extremes come from the ranks that kept a good row."""
     column = dict(zip(FIELDS, table.T))
+    ids: dict[str, Any] = {}
+    for at, field in enumerate(fields):
+        part = dict(zip(INPUT_FIELDS, table[:, len(FIELDS) + at * len(INPUT_FIELDS):].T))
+        ids[f"{field.arg}.nulls"] = int(part["nulls"].sum())
+        ids[f"{field.arg}.wrong_length"] = int(part["wrong_length"].sum())
+        seen = np.isfinite(part["min_id"])
+        ids[f"{field.arg}.min_id"] = part["min_id"][seen].min().item() if seen.any() else None
+        ids[f"{field.arg}.max_id"] = part["max_id"][seen].max().item() if seen.any() else None
     kept = column["rows"] > column["bad_rows"]
     stats: dict[str, Any] = {name: int(column[name].sum())
                              for name in ("rows", "bad_rows", "fractional")}
@@ -84,7 +121,7 @@ def combine(table: np.ndarray) -> dict[str, Any]:
         stats[name] = extreme(column[name][kept]).item() if kept.any() else None
     stats["min_dim"], stats["max_dim"] = (None if stats[name] is None else int(stats[name])
                                           for name in ("min_dim", "max_dim"))
-    return stats
+    return {**stats, **ids}
 
 
 class PartitionScan:
@@ -93,11 +130,13 @@ class PartitionScan:
     noting the figures :func:`check_stats` needs on the way. Vectorised over each batch
     (Arrow and numpy): the JVM only converts the vectors, as any reader of them would."""
 
-    def __init__(self, batches: Iterable[pa.RecordBatch], dim: int) -> None:
-        self._batches, self.dim = batches, dim
+    def __init__(self, batches: Iterable[pa.RecordBatch], dim: int,
+                 fields: tuple[InputField, ...] = ()) -> None:
+        self._batches, self.dim, self.fields = batches, dim, fields
         self.rows = self.bad_rows = self.fractional = 0
         self.min_dim = self.max_dim = dim
         self.min_label, self.max_label = np.inf, -np.inf
+        self.inputs = [[0, 0, np.inf, -np.inf] for _ in fields]  # INPUT_FIELDS of each
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
         for batch in self._batches:
@@ -105,6 +144,8 @@ class PartitionScan:
                 yield self._keep(batch)
 
     def _keep(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        if self.fields:
+            return self._keep_typed(batch)
         self.rows += batch.num_rows
         features = batch.column("features")
         lengths = pc.fill_null(pc.list_value_length(features), -1).to_numpy(
@@ -128,7 +169,60 @@ class PartitionScan:
         keep = good & shaped
         return batch if keep.all() else batch.filter(pa.array(keep))
 
+    def _keep_typed(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """The typed inputs' rows: broken ones (nulls, wrong lengths) counted per input and
+        dropped (the fit then stops on them), non-finite floats and labels counted as bad."""
+        self.rows += batch.num_rows
+        labels = batch.column("label").to_numpy(zero_copy_only=False).astype(np.float64)
+        good = np.isfinite(labels)
+        broken = np.zeros(batch.num_rows, bool)
+        for field, figures in zip(self.fields, self.inputs):
+            row_broken, row_bad = _scan_input(batch.column(field.name), field, figures)
+            broken |= row_broken
+            good &= ~row_bad
+        self.bad_rows += int(np.count_nonzero(~good & ~broken))
+        keep = good & ~broken
+        if keep.any():
+            kept = labels[keep]
+            self.min_label = min(self.min_label, float(kept.min()))
+            self.max_label = max(self.max_label, float(kept.max()))
+            self.fractional += int(np.count_nonzero(kept != np.floor(kept)))
+        return batch if keep.all() else batch.filter(pa.array(keep))
+
     def figures(self) -> list[float]:
-        """This partition's figures, in :data:`FIELDS` order."""
+        """This partition's figures, in :data:`FIELDS` order, then each input's."""
         return [self.rows, self.bad_rows, self.min_dim, self.max_dim, self.min_label,
-                self.max_label, self.fractional]
+                self.max_label, self.fractional, *(x for each in self.inputs for x in each)]
+
+
+def _scan_input(column: pa.Array, field: InputField, figures: list[Any]) -> tuple[
+        np.ndarray, np.ndarray]:
+    """One typed input of a batch: (rows broken: a null, a null element, a fixed-shape array
+    of another length; rows with a non-finite float), its figures updated in place."""
+    rows = len(column)
+    broken = column.is_null().to_numpy(zero_copy_only=False).copy()
+    if pa.types.is_list(column.type) or pa.types.is_large_list(column.type) or \
+            pa.types.is_fixed_size_list(column.type):
+        flat = pc.list_flatten(column)
+        parents = pc.list_parent_indices(column).to_numpy(zero_copy_only=False)
+        null_values = flat.is_null().to_numpy(zero_copy_only=False)
+        broken |= np.bincount(parents, weights=null_values, minlength=rows) > 0
+        figures[0] += int(np.count_nonzero(broken))
+        if field.width:
+            lengths = pc.fill_null(pc.list_value_length(column), -1).to_numpy(
+                zero_copy_only=False)
+            wrong = (lengths != field.width) & ~broken
+            figures[1] += int(np.count_nonzero(wrong))
+            broken |= wrong
+    else:
+        flat, parents = column, np.arange(rows)
+        figures[0] += int(np.count_nonzero(broken))
+    values = flat.to_numpy(zero_copy_only=False).astype(np.float64)  # nulls: NaN
+    if field.dtype == "int64":
+        present = values[~np.isnan(values)]
+        if present.size:
+            figures[2] = min(figures[2], float(present.min()))
+            figures[3] = max(figures[3], float(present.max()))
+        return broken, np.zeros(rows, bool)
+    nonfinite = np.bincount(parents, weights=~np.isfinite(values), minlength=rows) > 0
+    return broken, nonfinite & ~broken

@@ -2,7 +2,10 @@
 
 A Spark partition reaches a barrier task as an iterator of ``pyarrow.RecordBatch`` with a
 ``features`` column (list of numbers, one length ``dim`` for every row), a ``label`` column and
-optionally a boolean ``is_validation`` column. :func:`spill` makes one pass over it and writes
+optionally a boolean ``is_validation`` column; or, for a network with several typed inputs
+(``inputCols``), one column per input described by a :class:`Column` (float32 or int64; a
+scalar, a fixed-length array, or a variable-length sequence of ids padded per batch to its
+longest, with a mask). :func:`spill` makes one pass over it and writes
 training and validation rows to two local Arrow IPC files in blocks of ``block_rows`` rows.
 Each epoch then reads a file a block at a time (:meth:`SpilledRows.batches`): blocks in a
 seeded random order, rows mixed in a sliding buffer of a few blocks. Memory is bounded by that
@@ -26,6 +29,8 @@ import pyarrow.compute as pc
 import torch
 
 from sparkdist.exceptions import SchemaError
+from sparkdist.torchtrain import inputs
+from sparkdist.torchtrain.inputs import Column, Inputs
 
 FEATURES = "features"
 LABEL = "label"
@@ -35,8 +40,9 @@ VALIDATION_FILE = "validation.arrow"
 DEFAULT_BLOCK_ROWS = 4096
 DEFAULT_SHUFFLE_BLOCKS = 8
 
-# A (features [rows, dim], labels [rows]) pair of float32 arrays.
-Chunk = tuple[np.ndarray, np.ndarray]
+# Rows as numpy arrays, one per file column in order (a sequence column as a zero-padded
+# [rows, width] array followed by its [rows] lengths), the float32 labels last.
+Chunk = tuple[np.ndarray, ...]
 
 
 def step_sizes(n: int, num_steps: int) -> np.ndarray:
@@ -73,24 +79,30 @@ def step_sizes(n: int, num_steps: int) -> np.ndarray:
 def spill(
     batches: Iterable[pa.RecordBatch],
     directory: str,
-    block_rows: int = DEFAULT_BLOCK_ROWS,
+    block_rows: int | None = None,
     dim: int | None = None,
+    columns: tuple[Column, ...] | None = None,
 ) -> tuple[SpilledRows, SpilledRows]:
     """Write one partition's rows to local Arrow files, training and validation apart.
 
     Parameters
     ----------
     batches : iterable of pyarrow.RecordBatch
-        The partition: ``features`` (list of numbers), ``label`` (number) and optionally
-        ``is_validation`` (bool; null counts as training). Other columns are ignored.
+        The partition: ``features`` (list of numbers), or the ``columns``; ``label`` (number)
+        and optionally ``is_validation`` (bool; null counts as training). Other columns are
+        ignored.
     directory : str
         Local scratch directory (created if missing); receives ``train.arrow`` and
         ``validation.arrow``. Deleting it afterwards is the caller's job.
-    block_rows : int, default 4096
-        Rows per record batch in the files (the last one may be shorter): the unit of shuffling.
+    block_rows : int, optional
+        Rows per record batch in the files (the last one may be shorter): the unit of
+        shuffling. By default 4096, fewer for wide rows (a block stays near 16 MiB).
     dim : int, optional
         Expected vector length. Without it the first non-empty batch sets it; with it, an empty
         partition still writes files that know their ``dim``.
+    columns : tuple of Column, optional
+        Typed inputs instead of ``features``; their values must already be checked (no nulls,
+        fixed widths as declared: :class:`sparkdist.torchtrain.datacheck.PartitionScan`).
 
     Returns
     -------
@@ -117,31 +129,42 @@ def spill(
     (1, 2) (1,)
     (2, 2) (2,)
     """
+    block_rows = block_rows or _block_rows(columns, dim)
     if block_rows < 1:
         raise ValueError(f"block_rows={block_rows} must be at least 1")
     os.makedirs(directory, exist_ok=True)
     paths = (os.path.join(directory, TRAIN_FILE), os.path.join(directory, VALIDATION_FILE))
     writers = (_BlockWriter(paths[0], block_rows), _BlockWriter(paths[1], block_rows))
     try:
-        dim = _spill_into(batches, writers, dim)
+        dim = _spill_into(batches, writers, dim, columns)
     except BaseException:
         for writer in writers:
             writer.abort()
         raise
+    schema = _schema(dim or 0) if columns is None else typed_schema(columns)
     for writer in writers:
-        writer.close(dim)
+        writer.close(schema)
     return SpilledRows(paths[0]), SpilledRows(paths[1])
 
 
-def _spill_into(
-    batches: Iterable[pa.RecordBatch], writers: tuple[_BlockWriter, _BlockWriter], dim: int | None
-) -> int | None:
+def _block_rows(columns: tuple[Column, ...] | None, dim: int | None) -> int:
+    """4096 rows, or fewer where a row is wide: a block near 16 MiB at most."""
+    widths = [dim or 1] if columns is None else [
+        max(1, c.cap if c.sequence else c.width) * 2 for c in columns]
+    return max(64, min(DEFAULT_BLOCK_ROWS, 2**22 // max(1, sum(widths))))
+
+
+def _spill_into(batches: Iterable[pa.RecordBatch], writers: tuple[_BlockWriter, _BlockWriter],
+                dim: int | None, columns: tuple[Column, ...] | None) -> int | None:
     """Route every row to the training or validation writer; return the vector length."""
     first_row = 0
     for batch in batches:
         if batch.num_rows == 0:
             continue
-        rows, dim = _normalise(batch, dim, first_row)
+        if columns is None:
+            rows, dim = _normalise(batch, dim, first_row)
+        else:
+            rows = _typed(batch, columns)
         first_row += batch.num_rows
         mask = _validation_mask(batch)
         if mask is None:
@@ -158,6 +181,23 @@ def _schema(dim: int) -> pa.Schema:
         pa.field(FEATURES, pa.list_(pa.float32(), dim), nullable=False),
         pa.field(LABEL, pa.float32(), nullable=False),
     ])
+
+
+def typed_schema(columns: tuple[Column, ...]) -> pa.Schema:
+    """The file schema of typed inputs: each column as :meth:`Column.arrow_type`, the label."""
+    return pa.schema([*(pa.field(c.name, c.arrow_type(), nullable=False) for c in columns),
+                      pa.field(LABEL, pa.float32(), nullable=False)])
+
+
+def _typed(batch: pa.RecordBatch, columns: tuple[Column, ...]) -> pa.RecordBatch:
+    """The batch's typed inputs and label in the file schema."""
+    missing = [c.name for c in columns if c.name not in batch.schema.names]
+    if missing or LABEL not in batch.schema.names:
+        raise SchemaError(f"columns {missing or [LABEL]} are missing from the partition "
+                          f"(columns: {batch.schema.names})")
+    arrays = [inputs.to_arrow(batch.column(c.name), c) for c in columns]
+    return pa.RecordBatch.from_arrays([*arrays, _as_float32(batch.column(LABEL), LABEL)],
+                                      schema=typed_schema(columns))
 
 
 def _normalise(batch: pa.RecordBatch, dim: int | None, first_row: int) -> tuple[
@@ -264,12 +304,12 @@ class _BlockWriter:
             self._writer = pa.ipc.new_file(self._path, block.schema)
         self._writer.write_table(block, max_chunksize=self._block_rows)
 
-    def close(self, dim: int | None) -> None:
+    def close(self, schema: pa.Schema) -> None:
         """Write the last, shorter block; an empty file still gets the schema."""
         if self._pending_rows:
             self._flush(final=True)
         if self._writer is None:
-            self._writer = pa.ipc.new_file(self._path, _schema(dim or 0))
+            self._writer = pa.ipc.new_file(self._path, schema)
         self._writer.close()
 
     def abort(self) -> None:
@@ -296,7 +336,10 @@ class SpilledRows:
     num_rows : int
         Number of rows in the file.
     dim : int or None
-        Vector length; None when the file has no rows and the length was never known.
+        Vector length of a ``features`` file; None when the file has no rows and the length
+        was never known, and for typed inputs.
+    columns : tuple of Column or None
+        The typed inputs (None for a ``features`` file).
     num_blocks : int
         Number of record batches (blocks) in the file.
 
@@ -316,11 +359,17 @@ class SpilledRows:
         self.path = path
         self._source = pa.OSFile(path, "rb")
         self._reader: pa.ipc.RecordBatchFileReader | None = pa.ipc.open_file(self._source)
-        kind = self._reader.schema.field(FEATURES).type
-        if not pa.types.is_fixed_size_list(kind):
-            raise SchemaError(f"{path} is not a file written by spill(): column '{FEATURES}' "
-                              f"has type {kind}")
-        self.dim: int | None = kind.list_size or None
+        schema = self._reader.schema
+        self.dim: int | None = None
+        self.columns: tuple[Column, ...] | None = None
+        if schema.names == [FEATURES, LABEL]:
+            kind = schema.field(FEATURES).type
+            if not pa.types.is_fixed_size_list(kind):
+                raise SchemaError(f"{path} is not a file written by spill(): column "
+                                  f"'{FEATURES}' has type {kind}")
+            self.dim = kind.list_size or None
+        else:
+            self.columns = tuple(inputs.column_of(field) for field in schema if field.name != LABEL)
         self.num_blocks: int = self._reader.num_record_batches
         blocks = (self._reader.get_batch(i).num_rows for i in range(self.num_blocks))
         self._block_sizes = np.fromiter(blocks, dtype=np.int64, count=self.num_blocks)
@@ -352,7 +401,7 @@ class SpilledRows:
         dim: int | None = None,
         shuffle_blocks: int = DEFAULT_SHUFFLE_BLOCKS,
         device: torch.device | str | None = None,
-    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    ) -> Iterator[tuple[Inputs, torch.Tensor]]:
         """Yield exactly ``num_steps`` batches that hold every row once.
 
         Step ``s`` holds ``step_sizes(num_rows, num_steps)[s]`` rows, possibly 0.
@@ -376,11 +425,12 @@ class SpilledRows:
 
         Yields
         ------
-        tuple of torch.Tensor
-            Features float32 ``[b, dim]`` and labels float32 ``[b]``, fresh memory (not views
-            of the file).
+        tuple
+            The inputs (features float32 ``[b, dim]``, or the typed inputs by column name:
+            :data:`Inputs`) and the labels float32 ``[b]``, fresh memory (not views of the
+            file).
         """
-        width = self._resolve_dim(dim)
+        empty = self._empty(dim)
         sizes = step_sizes(self.num_rows, num_steps)
         if shuffle_blocks < 1:
             raise ValueError(f"shuffle_blocks={shuffle_blocks} must be at least 1")
@@ -392,7 +442,14 @@ class SpilledRows:
             chunks = self._shuffled_chunks(np.random.default_rng([seed, epoch]), shuffle_blocks)
         else:
             chunks = (self._read_block(i) for i in range(self.num_blocks))
-        return _batches(_Rechunker(chunks, width), sizes, device)
+        return _batches(_Rechunker(chunks, empty), sizes, self.columns, device)
+
+    def _empty(self, dim: int | None) -> Chunk:
+        """A chunk of no rows (the vector length resolved for a ``features`` file)."""
+        if self.columns is not None:
+            return _concat([], self.columns)
+        width = self._resolve_dim(dim)
+        return np.empty((0, width), np.float32), np.empty(0, np.float32)
 
     def _resolve_dim(self, dim: int | None) -> int:
         if self.dim is None:
@@ -407,27 +464,26 @@ class SpilledRows:
         return self.dim
 
     def _read_block(self, index: int) -> Chunk:
-        """One block as read-only numpy views of the buffers it was read into."""
+        """One block as numpy arrays (read-only views of its read buffers where they can be:
+        every column but a sequence, which is padded into a new array)."""
         if self._reader is None:
             raise ValueError(f"{self.path} was closed while its batches were being read")
         block = self._reader.get_batch(index)
-        features = block.column(0).flatten().to_numpy(zero_copy_only=True)
-        labels = block.column(1).to_numpy(zero_copy_only=True)
-        return features.reshape(len(labels), -1), labels
-
-    def _read_blocks(self, indices: np.ndarray) -> Chunk:
-        """Blocks ``indices`` into one pair of arrays, a block at a time (one block's read
-        buffers alive at once)."""
-        total = int(self._block_sizes[indices].sum())
-        features = np.empty((total, self.dim or 0), np.float32)
-        labels = np.empty(total, np.float32)
-        at = 0
-        for index in indices:
-            block_features, block_labels = self._read_block(index)
-            features[at:at + len(block_labels)] = block_features
-            labels[at:at + len(block_labels)] = block_labels
-            at += len(block_labels)
-        return features, labels
+        labels = block.column(block.num_columns - 1).to_numpy(zero_copy_only=True)
+        if self.columns is None:
+            features = block.column(0).flatten().to_numpy(zero_copy_only=True)
+            return features.reshape(len(labels), -1), labels
+        arrays: list[np.ndarray] = []
+        for at, column in enumerate(self.columns):
+            values = block.column(at)
+            if column.sequence:
+                arrays += inputs.padded(values)
+            elif column.width:
+                arrays.append(values.flatten().to_numpy(zero_copy_only=True)
+                              .reshape(len(labels), column.width))
+            else:
+                arrays.append(values.to_numpy(zero_copy_only=True))
+        return (*arrays, labels)
 
     def _shuffled_chunks(self, rng: np.random.Generator, shuffle_blocks: int) -> Iterator[Chunk]:
         """Blocks in random order through a sliding shuffle buffer of ``shuffle_blocks`` blocks.
@@ -437,59 +493,94 @@ class SpilledRows:
         """
         order = rng.permutation(self.num_blocks)
         block_rows = int(self._block_sizes.max())
-        features, labels = self._read_blocks(order[:shuffle_blocks])
+        buffer = _concat([self._read_block(i) for i in order[:shuffle_blocks]], self.columns)
         for index in order[shuffle_blocks:]:
-            new_features, new_labels = self._read_block(index)
-            if len(new_labels) > len(labels):  # a short last block filled a one-block buffer
-                yield from _drain(features, labels, rng, block_rows)
-                features, labels = new_features.copy(), new_labels.copy()
+            new = self._read_block(index)
+            if len(new[-1]) > len(buffer[-1]):  # a short last block filled a one-block buffer
+                yield from _drain(buffer, rng, block_rows)
+                buffer = tuple(array.copy() for array in new)
                 continue
-            slots = rng.choice(len(labels), size=len(new_labels), replace=False)
-            yield features[slots], labels[slots]
-            features[slots], labels[slots] = new_features, new_labels
-        yield from _drain(features, labels, rng, block_rows)
+            slots = rng.choice(len(buffer[-1]), size=len(new[-1]), replace=False)
+            yield _take(buffer, slots)
+            buffer = _put(buffer, slots, new)
+        yield from _drain(buffer, rng, block_rows)
 
 
-def _drain(features: np.ndarray, labels: np.ndarray, rng: np.random.Generator,
-           block_rows: int) -> Iterator[Chunk]:
+def _take(chunk: Chunk, rows: np.ndarray) -> Chunk:
+    return tuple(array[rows] for array in chunk)
+
+
+def _put(buffer: Chunk, slots: np.ndarray, new: Chunk) -> Chunk:
+    """``buffer`` with ``new``'s rows in ``slots`` (a sequence widened where ``new`` is wider);
+    in place where nothing widens."""
+    out = []
+    for held, rows in zip(buffer, new):
+        held = inputs.widened(held, rows.shape[1]) if rows.ndim == 2 else held
+        held[slots] = inputs.widened(rows, held.shape[1]) if rows.ndim == 2 else rows
+        out.append(held)
+    return tuple(out)
+
+
+def _concat(parts: list[Chunk], columns: tuple[Column, ...] | None) -> Chunk:
+    """The rows of ``parts`` in one chunk (sequences padded to the widest); with no parts, a
+    chunk of no rows for ``columns``."""
+    if not parts:
+        assert columns is not None  # a features file knows its width (SpilledRows._empty)
+        arrays: list[np.ndarray] = []
+        for column in columns:
+            dtype = np.int64 if column.dtype == "int64" else np.float32
+            if column.sequence:
+                arrays += [np.empty((0, 0), np.int64), np.empty(0, np.int64)]
+            else:
+                arrays.append(np.empty((0, column.width) if column.width else 0, dtype))
+        return (*arrays, np.empty(0, np.float32))
+    out = []
+    for same in zip(*parts):  # one array of every part
+        width = max((a.shape[1] for a in same if a.ndim == 2), default=0)
+        out.append(np.concatenate([inputs.widened(a, width) for a in same]))
+    return tuple(out)
+
+
+def _drain(buffer: Chunk, rng: np.random.Generator, block_rows: int) -> Iterator[Chunk]:
     """Empty the buffer in random order, a block at a time (one whole copy would double it)."""
-    out = rng.permutation(len(labels))
+    out = rng.permutation(len(buffer[-1]))
     for start in range(0, len(out), block_rows):
-        rows = out[start:start + block_rows]
-        yield features[rows], labels[rows]
+        yield _take(buffer, out[start:start + block_rows])
 
 
-def _batches(rechunker: _Rechunker, sizes: np.ndarray,
-             device: torch.device | str | None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def _batches(rechunker: _Rechunker, sizes: np.ndarray, columns: tuple[Column, ...] | None,
+             device: torch.device | str | None) -> Iterator[tuple[Inputs, torch.Tensor]]:
     """Cut the row stream into tensors of the given sizes."""
     for size in sizes:
-        features, labels = rechunker.take(int(size))
-        x, y = torch.from_numpy(features), torch.from_numpy(labels)
-        yield (x, y) if device is None else (x.to(device), y.to(device))
+        chunk = rechunker.take(int(size))
+        y = torch.from_numpy(chunk[-1])
+        if columns is None:
+            x: Inputs = torch.from_numpy(chunk[0])
+        else:
+            x = inputs.tensors(chunk, columns)
+        yield (x, y) if device is None else (inputs.to_device(x, device), y.to(device))
 
 
 class _Rechunker:
     """Cuts a stream of row chunks into arrays of requested sizes (always fresh copies)."""
 
-    def __init__(self, chunks: Iterator[Chunk], dim: int) -> None:
+    def __init__(self, chunks: Iterator[Chunk], empty: Chunk) -> None:
         self._chunks = chunks
-        self._dim = dim
-        self._head: Chunk = (np.empty((0, dim), np.float32), np.empty(0, np.float32))
+        self._empty = empty
+        self._head: Chunk = empty
         self._offset = 0
 
     def take(self, size: int) -> Chunk:
         """The next ``size`` rows; copies, so they never point into a block's buffers."""
-        features: list[np.ndarray] = [np.empty((0, self._dim), np.float32)]
-        labels: list[np.ndarray] = [np.empty(0, np.float32)]
+        pieces: list[Chunk] = [self._empty]
         while size > 0:
-            if self._offset == len(self._head[1]):
+            if self._offset == len(self._head[-1]):
                 self._advance()
-            end = min(self._offset + size, len(self._head[1]))
-            features.append(self._head[0][self._offset:end])
-            labels.append(self._head[1][self._offset:end])
+            end = min(self._offset + size, len(self._head[-1]))
+            pieces.append(tuple(array[self._offset:end] for array in self._head))
             size -= end - self._offset
             self._offset = end
-        return np.concatenate(features), np.concatenate(labels)
+        return _concat(pieces, None)
 
     def _advance(self) -> None:
         head = next(self._chunks, None)

@@ -24,7 +24,7 @@ from sparkdist.launch import gpus
 from sparkdist.torchtrain.network import build_module
 
 if TYPE_CHECKING:
-    from sparkdist.torchtrain.spec import ScoreSpec
+    from sparkdist.torchtrain.spec import InputField, ScoreSpec
 
 TORCHAO_INSTALL = ("quantization='int8' needs torchao (torch's int8 quantization library): pip "
                    "install 'sparkdist[torch]' (or torchao) on the driver and the executors, or "
@@ -48,7 +48,15 @@ _OUTPUT_SCHEMA = {
 
 
 def predict_udf(spec: ScoreSpec, task: str) -> Any:
+    """The scoring UDF: of one features column, or of the typed inputs' columns in
+    ``spec.inputs`` order."""
     from pyspark.sql.functions import pandas_udf
+
+    if spec.inputs:
+        def predict_typed(batches: Iterator[tuple[pd.Series, ...]]) -> Iterator[pd.DataFrame]:
+            yield from predict_batches(spec, batches)
+
+        return pandas_udf(predict_typed, _OUTPUT_SCHEMA[task])  # type: ignore[call-overload]
 
     def predict(batches: Iterator[pd.Series]) -> Iterator[pd.DataFrame]:
         yield from predict_batches(spec, batches)
@@ -74,26 +82,72 @@ def predict_batches(spec: ScoreSpec, batches: Any) -> Any:
         # scores on a CPU-only cluster rather than failing there.
         device = gpus.apply(gpus.plan_for_task("auto" if spec.use_gpu else False))
         module.to(device).eval()
-    for series in batches:
-        matrix = np.stack(series.to_numpy()).astype(np.float32) if len(series) else \
-            np.zeros((0, spec.input_dim), np.float32)
-        output = score(module, matrix, spec.batch_size, spec.output_dim, device)
+    for batch in batches:
+        if spec.inputs:
+            rows: Any = typed_rows(spec.inputs, (batch,) if isinstance(batch, pd.Series)
+                                   else batch)
+        else:
+            rows = np.stack(batch.to_numpy()).astype(np.float32) if len(batch) else \
+                np.zeros((0, spec.input_dim), np.float32)
+        output = score(module, rows, spec.batch_size, spec.output_dim, device, spec.inputs)
         yield pd.DataFrame(_outputs(spec.loss, output.double()))
 
 
-def score(module: Any, matrix: Any, batch_size: int, output_dim: int, device: Any = None) -> Any:
-    """The network's outputs for a float32 matrix, ``batch_size`` rows at a call, as a CPU
-    tensor of one row per input row (an empty matrix is not passed to the network: torchao's
-    int8 layers cannot take zero rows)."""
+def typed_rows(fields: tuple[InputField, ...], series: tuple[pd.Series, ...]) -> dict[str, Any]:
+    """A scoring batch's typed inputs as numpy arrays named as the feed names them (a sequence
+    cut to ``max_length``, padded to the batch's longest, with its mask); ValueError naming
+    the column for a null, a wrong length or a negative id."""
+    import numpy as np
+
+    found: dict[str, Any] = {}
+    for field, values in zip(fields, series):
+        dtype = np.int64 if field.dtype == "int64" else np.float32
+        if values.isna().any():
+            raise ValueError(f"TorchModel: {field.describe()} holds a null; drop or fill it.")
+        if field.sequence or field.width:
+            arrays = [np.asarray(v, dtype=dtype)[:field.max_length or None] for v in values]
+            lengths = np.array([len(a) for a in arrays], np.int64)
+            if field.width and (lengths != field.width).any():
+                raise ValueError(f"TorchModel: {field.describe()} holds an array of "
+                                 f"{lengths[lengths != field.width][0]} values, but the model "
+                                 f"takes {field.width} (shape {list(field.shape)}).")
+            matrix = np.zeros((len(arrays), max(1, int(lengths.max(initial=0)))), dtype)
+            for row, array in enumerate(arrays):
+                matrix[row, :len(array)] = array
+            if field.sequence:
+                found[f"{field.name}_mask"] = np.arange(matrix.shape[1]) < lengths[:, None]
+        else:
+            matrix = values.to_numpy(dtype=dtype)
+        if field.dtype == "int64" and matrix.size and matrix.min() < 0:
+            raise ValueError(f"TorchModel: {field.describe()} holds the negative id "
+                             f"{matrix.min()}; ids index an embedding table from 0.")
+        found[field.name] = matrix
+    return found
+
+
+def score(module: Any, rows: Any, batch_size: int, output_dim: int, device: Any = None,
+          fields: tuple[InputField, ...] = ()) -> Any:
+    """The network's outputs for a float32 matrix (or the typed inputs' arrays by name,
+    :func:`typed_rows`), ``batch_size`` rows at a call, as a CPU tensor of one row per input
+    row (no rows are not passed to the network: torchao's int8 layers cannot take zero
+    rows)."""
     import numpy as np
     import torch
 
-    if not len(matrix):
+    from sparkdist.torchtrain.inputs import arguments
+    from sparkdist.torchtrain.network import forward, rows_of
+
+    count = rows_of(rows)
+    if not count:
         return torch.zeros((0, output_dim))
+    outputs = []
     with torch.no_grad():
-        parts = np.array_split(matrix, -(-len(matrix) // batch_size))
-        output = torch.cat([module(torch.from_numpy(part).to(device)).cpu() for part in parts])
-    return output.reshape(len(matrix), -1)
+        for part in np.array_split(np.arange(count), -(-count // batch_size)):
+            batch = ({name: torch.from_numpy(values[part]).to(device)
+                      for name, values in rows.items()} if fields
+                     else torch.from_numpy(rows[part]).to(device))
+            outputs.append(forward(module, arguments(batch, fields)).cpu())
+    return torch.cat(outputs).reshape(count, -1)
 
 
 # ----------------------------------------------------------------------- int8 quantization
@@ -119,17 +173,20 @@ def check_int8(module: Any, model_name: str) -> None:
         raise ParamError(TORCHAO_INSTALL)
 
 
-def try_int8(module: Any, model_name: str, input_dim: int, output_dim: int) -> None:
+def try_int8(module: Any, model_name: str, input_dim: int, output_dim: int,
+             fields: tuple[InputField, ...] = ()) -> None:
     """On the driver, before any task: quantize ``module`` (a copy the caller throws away)
     and score two rows of zeros with it, as each task will. torchao refuses some networks
     that have Linear layers (one taking a single input feature: ``Linear(1, n)``); that, or
     anything else failing, is a ParamError here instead of a failure in every task."""
-    import numpy as np
+    import torch
+
+    from sparkdist.torchtrain.network import dummy_inputs, forward
 
     check_int8(module, model_name)
     try:
-        score(quantize_int8(module.eval()), np.zeros((2, input_dim), np.float32), 2,
-              output_dim)
+        with torch.no_grad():
+            forward(quantize_int8(module.eval()), dummy_inputs(input_dim, fields))
     except Exception as err:
         single = [name for name in quantizable_layers(module)
                   if getattr(module.get_submodule(name), "in_features", None) == 1]

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from sparkdist.launch.barrier import WorkerContext
     from sparkdist.torchtrain.datacheck import PartitionScan
     from sparkdist.torchtrain.feed import SpilledRows
+    from sparkdist.torchtrain.inputs import Inputs
     from sparkdist.torchtrain.spec import TrainSpec
 
 
@@ -75,13 +76,15 @@ def fit_worker(context: WorkerContext, batches: Any, spec: TrainSpec) -> memoryv
     from sparkdist.torchtrain.backends import make_backend
     from sparkdist.torchtrain.datacheck import PartitionScan
     from sparkdist.torchtrain.feed import spill
+    from sparkdist.torchtrain.inputs import feed_columns
 
     torch.set_num_threads(max(1, context.cpus))
     reset_peak_rss()
     started = time.perf_counter()
-    dim = spec.model.input_dim
-    scan = PartitionScan(batches, dim)  # the input's checks, in this pass
-    train, validation = spill(scan, context.scratch, dim=dim)
+    dim, fields = spec.model.input_dim, spec.model.inputs
+    scan = PartitionScan(batches, dim, fields)  # the input's checks, in this pass
+    train, validation = spill(scan, context.scratch, dim=dim or None,
+                              columns=feed_columns(fields))
     spill_seconds = time.perf_counter() - started
     context.log(f"spilled {train.num_rows} training and {validation.num_rows} "
                 f"validation rows in {spill_seconds:.2f} s")
@@ -131,7 +134,7 @@ class _Trainer:
         # every rank's row counts and input figures, by one all-reduce; every rank applies the
         # same checks to the same totals, so all of them stop (or go on) together
         table = self._gather([train.num_rows, validation.num_rows, *scan.figures()]).numpy()
-        check_stats(combine(table[:, 2:]), spec.rules)
+        check_stats(combine(table[:, 2:], spec.rules.inputs), spec.rules)
         counts = table[:, :2].astype("int64")
         # batchSize is per worker, as in DDP and Horovod: a step takes batchSize x world rows
         batch = spec.optim.batch_size
@@ -267,7 +270,8 @@ class _Trainer:
         if self.context.rank == 0:
             total += partial_loss
         feed = itertools.islice(train.batches(spec.optim.seed, epoch, self.steps,
-                                              dim=spec.model.input_dim), first_step, None)
+                                              dim=spec.model.input_dim or None), first_step,
+                                None)
         step_once = hooks.around_step(self._step, spec.hooks, self.context.rank, clock)
         clock.tick()
         for step, (features, label) in enumerate(feed, start=first_step):
@@ -282,7 +286,7 @@ class _Trainer:
                 clock.tock("other")
         return float(self.backend.all_reduce_sum(total.cpu())[0]) / max(1, self.rows[0])
 
-    def _step(self, epoch: int, step: int, features: torch.Tensor,
+    def _step(self, epoch: int, step: int, features: Inputs,
               label: torch.Tensor) -> torch.Tensor | None:
         """One training step of the strategy; None for a step no rank has rows for (every
         rank skips it: none waits). Every step reseeds torch from (seed, epoch, step, rank),
@@ -292,10 +296,16 @@ class _Trainer:
         if not self.global_sizes[step]:
             return None
         torch.manual_seed(resume.step_seed(self.spec.optim.seed, epoch, step, self.context.rank))
-        return self.strategy.train_step(features.to(self.device, non_blocking=True),
+        return self.strategy.train_step(self._arguments(features),
                                         label.to(self.device, non_blocking=True),
                                         self.context.world_size / float(self.global_sizes[step]),
                                         self.optimizer)
+
+    def _arguments(self, batch: Inputs) -> Inputs:
+        """A batch from the feed as the network's arguments, on this rank's device."""
+        from sparkdist.torchtrain.inputs import arguments, to_device
+
+        return arguments(to_device(batch, self.device), self.spec.model.inputs)
 
     def _validate(self, validation: SpilledRows) -> dict[str, float]:
         """Validation outside the training wrapper (DDP's forward would sync buffers per
@@ -311,8 +321,8 @@ class _Trainer:
         classification = task_of_loss(model.loss) == "classification"
         with torch.no_grad():
             for features, label in validation.batches(0, 0, steps, shuffle=False,
-                                                      dim=model.input_dim):
-                output = self.strategy.predict(features.to(self.device))
+                                                      dim=model.input_dim or None):
+                output = self.strategy.predict(self._arguments(features))
                 if output is None:
                     continue
                 label = label.to(self.device)

@@ -44,3 +44,113 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.layers(x)
+
+
+# ------------------------------------------------------------- networks with typed inputs
+# For ``inputCols``: each forward argument is a column; a network declares the rows of the
+# embedding table an id argument indexes (``embedding_sizes``), so an id beyond it is refused
+# in the data pass, naming the column, instead of failing inside a step.
+class ImageCNN(nn.Module):
+    """Two 3x3 convolutions, a 2x2 max pool and two Linear layers over ``[channels, size,
+    size]`` images (``inputShapes={"image": [channels, size, size]}``).
+
+    >>> ImageCNN(channels=1, size=8, classes=10)(torch.zeros(2, 1, 8, 8)).shape
+    torch.Size([2, 10])
+    """
+
+    def __init__(self, channels: int = 1, size: int = 8, classes: int = 10,
+                 width: int = 16) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(channels, width, 3, padding=1), nn.ReLU(),
+            nn.Conv2d(width, 2 * width, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2))
+        self.head = nn.Sequential(nn.Flatten(), nn.Linear(2 * width * (size // 2) ** 2, 64),
+                                  nn.ReLU(), nn.Linear(64, classes))
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(image))
+
+
+class TwoTower(nn.Module):
+    """Neural collaborative filtering: a rating as the dot product of a user and an item
+    embedding plus their biases and a global mean (ids 0..num_users-1 and 0..num_items-1).
+
+    >>> TwoTower(num_users=5, num_items=7)(torch.tensor([0, 4]), torch.tensor([6, 1])).shape
+    torch.Size([2, 1])
+    """
+
+    def __init__(self, num_users: int, num_items: int, dim: int = 32,
+                 mean: float = 0.0) -> None:
+        super().__init__()
+        self.embedding_sizes = {"user": num_users, "item": num_items}
+        self.users, self.items = nn.Embedding(num_users, dim), nn.Embedding(num_items, dim)
+        self.user_bias, self.item_bias = nn.Embedding(num_users, 1), nn.Embedding(num_items, 1)
+        for table in (self.users, self.items):
+            nn.init.normal_(table.weight, std=0.1)
+        for table in (self.user_bias, self.item_bias):
+            nn.init.zeros_(table.weight)
+        self.mean = nn.Parameter(torch.tensor(float(mean)))
+
+    def forward(self, user: torch.Tensor, item: torch.Tensor) -> torch.Tensor:
+        dot = (self.users(user) * self.items(item)).sum(1, keepdim=True)
+        return dot + self.user_bias(user) + self.item_bias(item) + self.mean
+
+
+class SequenceClassifier(nn.Module):
+    """A transformer encoder over token ids: token and position embeddings, ``layers``
+    encoder layers that skip the padding (``tokens_mask``), the mean over the real tokens,
+    and a Linear layer to ``classes`` outputs.
+
+    >>> net = SequenceClassifier(vocab=20, classes=2, dim=16, heads=2, layers=1)
+    >>> net(torch.ones(2, 5, dtype=torch.long), torch.ones(2, 5, dtype=torch.bool)).shape
+    torch.Size([2, 2])
+    """
+
+    def __init__(self, vocab: int, classes: int = 2, dim: int = 64, heads: int = 4,
+                 layers: int = 2, max_length: int = 512) -> None:
+        super().__init__()
+        self.embedding_sizes = {"tokens": vocab}
+        self.tokens, self.positions = nn.Embedding(vocab, dim), nn.Embedding(max_length, dim)
+        layer = nn.TransformerEncoderLayer(dim, heads, 2 * dim, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, tokens: torch.Tensor, tokens_mask: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        hidden = self.encoder(self.tokens(tokens) + self.positions(positions),
+                              src_key_padding_mask=~tokens_mask)
+        mask = tokens_mask.unsqueeze(-1).to(hidden.dtype)
+        return self.head((hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0))
+
+
+class ClickModel(nn.Module):
+    """A DLRM-style click model: a bottom MLP on the dense features, one embedding per
+    categorical feature (``len(tables)`` ids per row, each below its table's size), the pairwise
+    dot products of all those vectors, and a top MLP to one logit. The declared table size
+    (``embedding_sizes``) is the smallest table's: an id is refused where it would overrun a
+    table of that size.
+
+    >>> net = ClickModel(dense=3, tables=[10, 20], dim=4)
+    >>> net(torch.zeros(2, 3), torch.tensor([[1, 19], [9, 0]])).shape
+    torch.Size([2, 1])
+    """
+
+    offsets: torch.Tensor  # where each feature's rows start in the one table
+
+    def __init__(self, dense: int = 13, tables: Sequence[int] = (100_000,) * 26,
+                 dim: int = 16, hidden: Sequence[int] = (64, 32)) -> None:
+        super().__init__()
+        self.embedding_sizes = {"ids": min(tables)}
+        offsets = torch.tensor([0, *tables[:-1]]).cumsum(0)
+        self.register_buffer("offsets", offsets, persistent=False)
+        self.table = nn.Embedding(int(sum(tables)), dim)
+        nn.init.normal_(self.table.weight, std=0.05)
+        self.bottom = nn.Sequential(nn.Linear(dense, 2 * dim), nn.ReLU(), nn.Linear(2 * dim, dim))
+        vectors = len(tables) + 1
+        self.top = MLP(input_dim=dim + vectors * (vectors - 1) // 2, output_dim=1, hidden=hidden)
+
+    def forward(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        vectors = torch.cat([self.bottom(dense).unsqueeze(1), self.table(ids + self.offsets)], 1)
+        pairs = torch.triu_indices(vectors.shape[1], vectors.shape[1], 1, device=ids.device)
+        products = torch.bmm(vectors, vectors.transpose(1, 2))[:, pairs[0], pairs[1]]
+        return self.top(torch.cat([vectors[:, 0], products], 1))

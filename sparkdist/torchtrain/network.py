@@ -19,6 +19,8 @@ from sparkdist.exceptions import ParamError
 if TYPE_CHECKING:
     import torch
 
+    from sparkdist.torchtrain.spec import InputField
+
 
 LOSSES = {"bce": "classification", "cross_entropy": "classification", "mse": "regression"}
 OPTIMIZERS = {"adam": "Adam", "adamw": "AdamW", "sgd": "SGD", "rmsprop": "RMSprop"}
@@ -115,6 +117,41 @@ def build_module(module_class: type[torch.nn.Module], kwargs: dict[str, Any], in
                                               ("output_dim", output_dim))
               if name in accepted and name not in kwargs}
     return module_class(**filled, **kwargs)
+
+
+def forward(model: Any, inputs: Any) -> Any:
+    """The network's outputs for a batch: one features tensor, or typed inputs by keyword
+    (``inputCols``)."""
+    return model(**inputs) if isinstance(inputs, dict) else model(inputs)
+
+
+def dummy_inputs(input_dim: int, fields: tuple[InputField, ...], rows: int = 2) -> Any:
+    """Zeros in the form a step hands the network: ``[rows, input_dim]`` features, or each
+    typed input (a sequence one token long, its mask True)."""
+    import torch
+
+    if not fields:
+        return torch.zeros(rows, input_dim)
+    found: dict[str, Any] = {}
+    for field in fields:
+        shape = (rows, 1) if field.sequence else (rows, *field.shape)
+        found[field.arg] = torch.zeros(shape, dtype=torch.int64 if field.dtype == "int64"
+                                       else torch.float32)
+        if field.mask:
+            found[f"{field.arg}_mask"] = torch.ones(rows, 1, dtype=torch.bool)
+    return found
+
+
+def describe_inputs(inputs: Any) -> str:
+    """The shapes of a batch of inputs, for messages."""
+    if isinstance(inputs, dict):
+        return ", ".join(f"{name}: {tuple(value.shape)}" for name, value in inputs.items())
+    return f"{tuple(inputs.shape)}"
+
+
+def rows_of(inputs: Any) -> int:
+    """The rows in a batch of inputs (a tensor, or tensors by name)."""
+    return len(next(iter(inputs.values())) if isinstance(inputs, dict) else inputs)
 
 
 def output_width(loss: str, num_classes: int) -> int:

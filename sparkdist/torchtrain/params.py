@@ -27,6 +27,7 @@ from sparkdist.torchtrain.spec import (
     CheckpointSpec,
     CommSpec,
     DataRules,
+    InputField,
     LaunchSpec,
     ModelSpec,
     OptimSpec,
@@ -40,7 +41,8 @@ TRAJECTORY: dict[str, bool] = {
                      "weightDecay", "epochs", "earlyStoppingPatience", "validationIndicatorCol",
                      "validationFraction", "nanPolicy", "numClasses", "seed", "backend",
                      "syncEvery", "syncWarmupSteps", "maxStaleness", "gradientCompression",
-                     "powerSgdRank", "numWorkers"), True),
+                     "powerSgdRank", "numWorkers", "inputCols", "inputShapes",
+                     "maxSequenceLength"), True),
     **dict.fromkeys(("useGpu", "quantization", "timeoutSeconds", "rendezvousTimeoutSeconds",
                      "progress", "allowUnencrypted", "checkpointEverySteps"), False)}
 
@@ -74,7 +76,8 @@ class HasNetwork(Params):
         super().__init__(*args)
         self._setDefault(model="sparkdist.torchtrain.nets.MLP", modelKwargs={}, loss="bce")
 
-    def _model_spec(self, input_dim: int, num_classes: int) -> ModelSpec:
+    def _model_spec(self, input_dim: int, num_classes: int,
+                    inputs: tuple[InputField, ...] = ()) -> ModelSpec:
         """The network resolved to its class and the loss to its function (ParamError for a
         name that does not resolve)."""
         loss = self.getOrDefault("loss")
@@ -83,7 +86,69 @@ class HasNetwork(Params):
                          module_kwargs=dict(self.getOrDefault("modelKwargs") or {}),
                          loss=loss, loss_fn=network.resolve_loss(loss), input_dim=input_dim,
                          output_dim=network.output_width(loss, num_classes),
-                         num_classes=num_classes)
+                         num_classes=num_classes, inputs=inputs)
+
+
+def _input_cols(value: Any) -> dict[str, str]:
+    if not isinstance(value, dict) or not all(
+            isinstance(arg, str) and arg.isidentifier() and isinstance(column, str)
+            for arg, column in value.items()):
+        raise TypeError(f"inputCols={value!r}: use a dict from the network's forward argument "
+                        "names to column names, e.g. {'user': 'userId', 'item': 'movieId'}")
+    return dict(value)
+
+
+def _input_shapes(value: Any) -> dict[str, list[int]]:
+    if not isinstance(value, dict) or not all(
+            isinstance(arg, str) and isinstance(shape, list | tuple) and shape
+            and all(isinstance(n, int) and n > 0 for n in shape)
+            for arg, shape in value.items()):
+        raise TypeError(f"inputShapes={value!r}: use a dict from forward argument names to "
+                        "shapes of positive ints, e.g. {'image': [1, 8, 8]}")
+    return {arg: list(shape) for arg, shape in value.items()}
+
+
+class HasInputs(Params):
+    """inputCols, inputShapes and maxSequenceLength: a network with several typed inputs, each
+    column passed to ``forward`` by keyword (TorchEstimator and TorchModel)."""
+
+    inputCols: Param[dict] = Param(
+        Params._dummy(), "inputCols",
+        "a dict from the network's forward argument names to columns, each passed as its own "
+        "tensor: integer columns and arrays as int64 ids, numbers, vectors and float arrays as "
+        "float32 (instead of one features vector: featuresCol/featureCols)",
+        typeConverter=_input_cols)
+    inputShapes: Param[dict] = Param(
+        Params._dummy(), "inputShapes",
+        "a dict from forward argument names to a fixed shape per row (e.g. {'image': [1, 8, "
+        "8]}): a flat array column is reshaped to it; an integer array without one is a "
+        "variable-length sequence", typeConverter=_input_shapes)
+    maxSequenceLength: Param[int] = Param(
+        Params._dummy(), "maxSequenceLength",
+        "longest variable-length sequence kept (longer ones are cut to their first values); "
+        "each batch is padded to its own longest, with a boolean <arg>_mask when forward "
+        "takes one, >= 1", typeConverter=TypeConverters.toInt)
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self._setDefault(inputCols={}, inputShapes={}, maxSequenceLength=512)
+
+    def _input_params(self) -> tuple[dict[str, str], dict[str, list[int]], int]:
+        """The typed inputs asked for, checked against each other: ParamError."""
+        columns, shapes = self.getOrDefault("inputCols"), self.getOrDefault("inputShapes")
+        longest = self.getOrDefault("maxSequenceLength")
+        if longest < 1:
+            raise ParamError(f"maxSequenceLength={longest}: use 1 or more.")
+        unknown = sorted(set(shapes) - set(columns))
+        if unknown:
+            raise ParamError(f"inputShapes names {unknown}, which inputCols does not "
+                             f"(arguments: {sorted(columns)}); shape only the arguments of "
+                             "inputCols.")
+        if columns and self.isSet("featureCols") and self.getOrDefault("featureCols"):
+            raise ParamError("inputCols and featureCols both set: give the network either "
+                             "typed inputs by keyword (inputCols) or one features vector "
+                             "(featureCols/featuresCol), not both.")
+        return columns, shapes, longest
 
 
 class HasScoring(Params):

@@ -37,6 +37,56 @@ def _at_least(low: int, **values: int) -> None:
 
 
 @dataclass(frozen=True)
+class InputField:
+    """One ``forward`` argument of a network with typed inputs (``inputCols``), resolved on the
+    driver from the column's type: float32 values or int64 ids, a scalar (``shape`` ()), a
+    fixed ``shape`` per row, or a variable-length ``sequence`` of ids cut to ``max_length``
+    (``mask``: ``forward`` also takes ``<arg>_mask``). ``num_embeddings``: the table size the
+    network declares for the argument (``embedding_sizes``); 0 when it declares none."""
+
+    arg: str
+    column: str  # the user's column
+    dtype: str  # 'float32' or 'int64'
+    shape: tuple[int, ...] = ()
+    sequence: bool = False
+    max_length: int = 0
+    mask: bool = False
+    num_embeddings: int = 0
+
+    @property
+    def name(self) -> str:
+        """The column's name in the training stage's partitions and spilled files."""
+        return f"in_{self.arg}"
+
+    @property
+    def width(self) -> int:
+        """Values per row of a fixed shape (0 for a scalar or a sequence)."""
+        return math.prod(self.shape) if self.shape and not self.sequence else 0
+
+    def describe(self) -> str:
+        """How messages name it: the argument and the column."""
+        return f"inputCols['{self.arg}'] (column '{self.column}')"
+
+    def saved(self) -> dict[str, Any]:
+        """This field as a saved model's metadata holds it (JSON), read back by :meth:`parse`."""
+        return {**dataclasses.asdict(self), "shape": list(self.shape)}
+
+    @classmethod
+    def parse(cls, saved: Any) -> InputField:
+        """A field from a saved model's metadata (untrusted): ValueError unless every key is
+        a field of the right type."""
+        types = {"arg": str, "column": str, "dtype": str, "shape": list, "sequence": bool,
+                 "max_length": int, "mask": bool, "num_embeddings": int}
+        if not isinstance(saved, dict) or set(saved) != set(types) or not all(
+                isinstance(saved[k], kind) for k, kind in types.items()):
+            raise ValueError(f"not a typed input: {saved!r}")
+        if saved["dtype"] not in ("float32", "int64") or not saved["arg"].isidentifier() or \
+                not all(isinstance(n, int) and n > 0 for n in saved["shape"]):
+            raise ValueError(f"not a typed input: {saved!r}")
+        return cls(**{**saved, "shape": tuple(saved["shape"])})
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """The network and its loss, resolved on the driver."""
 
@@ -45,9 +95,10 @@ class ModelSpec:
     module_kwargs: dict[str, Any]
     loss: str  # a built-in loss name, or the qualified name of loss_fn
     loss_fn: Any  # the resolved loss: a built-in's name, an nn.Module class or a function
-    input_dim: int
+    input_dim: int  # features per row (0 with typed inputs)
     output_dim: int
     num_classes: int
+    inputs: tuple[InputField, ...] = ()  # typed inputs, by keyword; () one ``features`` x
 
 
 @dataclass(frozen=True)
@@ -155,6 +206,7 @@ class DataRules:
     batch_size: int
     loss: str
     num_classes: int
+    inputs: tuple[InputField, ...] = ()  # typed inputs (ModelSpec.inputs), checked per column
 
     def __post_init__(self) -> None:
         _at_least(0, numClasses=self.num_classes)
@@ -196,6 +248,7 @@ class ScoreSpec:
     batch_size: int
     use_gpu: Any
     quantization: str = "none"
+    inputs: tuple[InputField, ...] = ()  # typed inputs, in the UDF's argument order
 
     def __post_init__(self) -> None:
         _at_least(1, batchSize=self.batch_size)

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sparkdist import hooks
+from sparkdist.torchtrain.network import rows_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,7 +44,7 @@ class Straggle:
             straggler.begin()
             skipped = clock.skipped_steps
             loss = call(epoch, number, features, *args)
-            straggler.end(loss is not None and len(features) > 0
+            straggler.end(loss is not None and rows_of(features) > 0
                           and clock.skipped_steps == skipped)
             return loss
 

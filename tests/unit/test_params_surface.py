@@ -55,8 +55,8 @@ def _candidates(current: object) -> list[object]:
         first = [current + current[:1]] if current else []
     elif isinstance(current, dict):
         first = [{**current, "extra": 1}]
-    return first + [3, 0.5, "x", True, ["a", "b"], [0.5], [1, 2], {"a": 1},
-                    Matrices.dense(1, 1, [0.5])]
+    return first + [3, 0.5, "x", True, ["a", "b"], [0.5], [1, 2], {"a": 1}, {"a": "b"},
+                    {"a": [1, 2]}, Matrices.dense(1, 1, [0.5])]
 
 
 def _round_trip(stage: Params, param: Param) -> str | None:

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
     from sparkdist.launch.barrier import WorkerContext
     from sparkdist.torchtrain.clock import StepClock
+    from sparkdist.torchtrain.inputs import Inputs
     from sparkdist.torchtrain.spec import TrainSpec
 
 STRATEGIES = ("ddp", "fsdp", "pipeline", "tensor")
@@ -55,6 +56,8 @@ class Supports:
     compressions: tuple[str, ...] = ("none",)
     #: local steps and model averaging (``syncEvery`` > 1, ``maxStaleness`` > 0)
     local_steps: bool = False
+    #: several typed inputs by keyword (``inputCols``), not only one features tensor
+    typed_inputs: bool = False
 
 
 @runtime_checkable
@@ -69,10 +72,10 @@ class Strategy(Protocol):
 
     def optimizer(self) -> Any: ...
 
-    def train_step(self, features: torch.Tensor, label: torch.Tensor, scale: float,
+    def train_step(self, features: Inputs, label: torch.Tensor, scale: float,
                    optimizer: Any) -> torch.Tensor: ...
 
-    def predict(self, features: torch.Tensor) -> torch.Tensor | None: ...
+    def predict(self, features: Inputs) -> torch.Tensor | None: ...
 
     def full_state(self) -> dict[str, Any] | None: ...
 
@@ -140,6 +143,10 @@ def check_compatible(spec: TrainSpec) -> None:
     supports = strategy_module(name).SUPPORTS
     backend = backends.backend_class(comm.backend)  # ParamError: unknown backend
     check_one_of("gradientCompression", comm.gradient_compression, compression.COMPRESSIONS)
+    if spec.model.inputs and not supports.typed_inputs:
+        raise ParamError(f"inputCols (several typed inputs) with strategy={name!r}: this "
+                         f"strategy feeds one features tensor; use strategy='ddp' or 'fsdp', "
+                         f"or assemble the inputs into one vector (featuresCol).")
     if comm.backend not in supports.backends:
         raise ParamError(f"strategy={name!r} with backend={comm.backend!r}: {supports.why}; "
                          f"set backend={supports.backends[0]!r}.")

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from sparkdist.torchtrain.network import loss_sum, make_optimizer
+from sparkdist.torchtrain.network import forward, loss_sum, make_optimizer
 
 if TYPE_CHECKING:
     import torch
 
     from sparkdist.launch.barrier import WorkerContext
     from sparkdist.torchtrain.clock import StepClock
+    from sparkdist.torchtrain.inputs import Inputs
     from sparkdist.torchtrain.spec import TrainSpec
 
 
@@ -39,16 +40,16 @@ class WholeModel:
         return make_optimizer(optim.optimizer, self.module.parameters(), optim.learning_rate,
                               optim.weight_decay)
 
-    def train_step(self, features: torch.Tensor, label: torch.Tensor, scale: float,
+    def train_step(self, features: Inputs, label: torch.Tensor, scale: float,
                    optimizer: Any) -> torch.Tensor:
         """Forward, backward (the loss sum times ``scale``) and the optimizer step; returns
         the unscaled loss sum of this rank's rows, detached (zero where a rank computes no
         loss)."""
         return self._step(self.model, features, label, scale, optimizer)
 
-    def _step(self, model: Any, features: torch.Tensor, label: torch.Tensor, scale: float,
+    def _step(self, model: Any, features: Inputs, label: torch.Tensor, scale: float,
               optimizer: Any) -> torch.Tensor:
-        output = model(features)
+        output = forward(model, features)
         loss = loss_sum(self.spec.model.loss_fn, output, label)
         optimizer.zero_grad()
         (loss * scale).backward()
@@ -56,10 +57,10 @@ class WholeModel:
         optimizer.step()
         return loss.detach()
 
-    def predict(self, features: torch.Tensor) -> torch.Tensor | None:
+    def predict(self, features: Inputs) -> torch.Tensor | None:
         """Evaluation outputs for ``features`` (no grad, eval mode set by the caller), or
         None on a rank that produces none (a pipeline stage before the last)."""
-        return self.module(features)
+        return forward(self.module, features)
 
     def full_state(self) -> dict[str, Any] | None:
         """The whole model's state dict, on CPU, on rank 0 (None elsewhere). Collective."""

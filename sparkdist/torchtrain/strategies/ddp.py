@@ -15,15 +15,18 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from sparkdist.torchtrain import compression, localsgd, strategies
+from sparkdist.torchtrain.network import forward, rows_of
 from sparkdist.torchtrain.strategies.base import WholeModel
 
 if TYPE_CHECKING:
     import torch
 
+    from sparkdist.torchtrain.inputs import Inputs
     from sparkdist.torchtrain.spec import TrainSpec
 
 SUPPORTS = strategies.Supports(backends=("torch", "horovod"),
-                               compressions=compression.COMPRESSIONS, local_steps=True)
+                               compressions=compression.COMPRESSIONS, local_steps=True,
+                               typed_inputs=True)
 usable = strategies.any_world
 
 
@@ -65,7 +68,7 @@ class Strategy(WholeModel):
         return self.backend.wrap_optimizer(super().optimizer(), self.module,
                                            self.spec.comm.gradient_compression)
 
-    def train_step(self, features: torch.Tensor, label: torch.Tensor, scale: float,
+    def train_step(self, features: Inputs, label: torch.Tensor, scale: float,
                    optimizer: Any) -> torch.Tensor:
         """A DDP step (the warm-up, or always without local steps); else a local step on this
         rank's rows (its own mean gradient), skipped when bounded staleness says so."""
@@ -75,11 +78,11 @@ class Strategy(WholeModel):
         compute = self.local.compute(call)
         if not compute:
             self.clock.skipped()
-        rows = features.shape[0]
+        rows = rows_of(features)
         if compute and rows:
             loss = self._step(self.module, features, label, 1.0 / rows, optimizer)
         else:
-            loss = features.new_zeros(())
+            loss = label.new_zeros(())
         self._dirty = not self.local.after_step(call, compute and rows > 0)
         return loss
 
@@ -89,9 +92,9 @@ class Strategy(WholeModel):
             self.local.sync(optimizer)
             self._dirty = False
 
-    def predict(self, features: torch.Tensor) -> torch.Tensor | None:
+    def predict(self, features: Inputs) -> torch.Tensor | None:
         self._same_model()
-        return self.module(features)
+        return forward(self.module, features)
 
     def full_state(self) -> dict[str, Any] | None:
         self._same_model()
