@@ -51,21 +51,22 @@ class MLP(nn.Module):
 # embedding table an id argument indexes (``embedding_sizes``), so an id beyond it is refused
 # in the data pass, naming the column, instead of failing inside a step.
 class ImageCNN(nn.Module):
-    """Two 3x3 convolutions, a 2x2 max pool and two Linear layers over ``[channels, size,
-    size]`` images (``inputShapes={"image": [channels, size, size]}``).
+    """Two 3x3 convolutions, a 2x2 max pool and two Linear layers (each after a dropout) over
+    ``[channels, size, size]`` images (``inputShapes={"image": [channels, size, size]}``).
 
     >>> ImageCNN(channels=1, size=8, classes=10)(torch.zeros(2, 1, 8, 8)).shape
     torch.Size([2, 10])
     """
 
     def __init__(self, channels: int = 1, size: int = 8, classes: int = 10,
-                 width: int = 16) -> None:
+                 width: int = 32, dropout: float = 0.3) -> None:
         super().__init__()
         self.features = nn.Sequential(
             nn.Conv2d(channels, width, 3, padding=1), nn.ReLU(),
             nn.Conv2d(width, 2 * width, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2))
-        self.head = nn.Sequential(nn.Flatten(), nn.Linear(2 * width * (size // 2) ** 2, 64),
-                                  nn.ReLU(), nn.Linear(64, classes))
+        self.head = nn.Sequential(nn.Flatten(), nn.Dropout(dropout),
+                                  nn.Linear(2 * width * (size // 2) ** 2, 64), nn.ReLU(),
+                                  nn.Dropout(dropout), nn.Linear(64, classes))
 
     def forward(self, image: torch.Tensor) -> torch.Tensor:
         return self.head(self.features(image))
