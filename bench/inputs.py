@@ -18,6 +18,9 @@ warm-up, median of --repeats, the sides alternating).
 - sequence memory: the peak RSS of the busiest rank of a fit on token sequences
   (``nets.SequenceClassifier``), at 4x the rows against 1x. Target <= 1.2.
 
+The session's driver gets 3 GiB (``spark.driver.memory``): at 400,000 cached rows the default
+1 GiB heap runs out while rank 0's 42 MB of weights come back through the JVM.
+
 Prints one JSON line; a full run (no --quick) also saves it as bench/results/inputs.json.
 
     python bench/inputs.py [--quick] [--rows 400000] [--repeats 3]
@@ -273,7 +276,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     rows = 40_000 if args.quick else args.rows
-    spark = start_spark("sparkdist-bench-inputs")
+    # the driver receives the click model's 2.6M-row table (42 MB) while it caches the rows:
+    # more than the default 1 GiB heap holds
+    spark = start_spark("sparkdist-bench-inputs", conf={"spark.driver.memory": "3g"})
     df = click_frame(spark, rows, seed=1)
     figures = {"feed": feed(df, rows, 1 if args.quick else args.repeats),
                "click_auc": click_auc(df), "digits": digits(spark),
