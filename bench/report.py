@@ -493,7 +493,8 @@ def chart(rows: list[dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    shown = [r for r in rows if r["unit"] not in ("accuracy", "syncs")
+    # accuracy and AUC rows compare to a target by a difference or a level, not a ratio
+    shown = [r for r in rows if r["unit"] not in ("accuracy", "AUC", "syncs")
              and isinstance(r["ratio"], (int, float)) and r["ratio"] > 0][::-1]
     fig, ax = plt.subplots(figsize=(12, 0.55 * len(shown) + 2))
     for y, r in enumerate(shown):
