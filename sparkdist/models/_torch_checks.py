@@ -442,13 +442,16 @@ def good_row() -> Any:
 
 
 def _data_aggregates(typed: bool) -> list[Any]:
+    """The stats row's aggregates; with typed inputs, the inputs' own figures come from the
+    ranks (only the label's are read here)."""
     label = F.col("label")
     good_label = F.when(~_bad_value(label), label)
-    if typed:  # the inputs' figures come from the ranks
-        return [F.count(F.lit(1)).alias("rows"), F.lit(0).alias("min_dim"),
-                F.lit(0).alias("max_dim"), F.count_if(_bad_value(label)).alias("bad_rows"),
-                F.min(good_label).alias("min_label"), F.max(good_label).alias("max_label"),
-                F.count_if(good_label != F.floor(good_label)).alias("fractional")]
+    width = F.lit(0) if typed else F.size("features")
+    bad = _bad_value(label) if typed else ~good_row()
+    return [F.count(F.lit(1)).alias("rows"), F.min(width).alias("min_dim"),
+            F.max(width).alias("max_dim"), F.count_if(bad).alias("bad_rows"),
+            F.min(good_label).alias("min_label"), F.max(good_label).alias("max_label"),
+            F.count_if(good_label != F.floor(good_label)).alias("fractional")]
     return [F.count(F.lit(1)).alias("rows"),
             F.min(F.size("features")).alias("min_dim"),
             F.max(F.size("features")).alias("max_dim"),

@@ -96,7 +96,7 @@ def spill(
         ``validation.arrow``. Deleting it afterwards is the caller's job.
     block_rows : int, optional
         Rows per record batch in the files (the last one may be shorter): the unit of
-        shuffling. By default 4096, fewer for wide rows (a block stays near 16 MiB).
+        shuffling. By default 4096, fewer for wide typed inputs (a block under 16 MiB).
     dim : int, optional
         Expected vector length. Without it the first non-empty batch sets it; with it, an empty
         partition still writes files that know their ``dim``.
@@ -129,7 +129,7 @@ def spill(
     (1, 2) (1,)
     (2, 2) (2,)
     """
-    block_rows = block_rows or _block_rows(columns, dim)
+    block_rows = block_rows or _block_rows(columns)
     if block_rows < 1:
         raise ValueError(f"block_rows={block_rows} must be at least 1")
     os.makedirs(directory, exist_ok=True)
@@ -147,11 +147,13 @@ def spill(
     return SpilledRows(paths[0]), SpilledRows(paths[1])
 
 
-def _block_rows(columns: tuple[Column, ...] | None, dim: int | None) -> int:
-    """4096 rows, or fewer where a row is wide: a block near 16 MiB at most."""
-    widths = [dim or 1] if columns is None else [
-        max(1, c.cap if c.sequence else c.width) * 2 for c in columns]
-    return max(64, min(DEFAULT_BLOCK_ROWS, 2**22 // max(1, sum(widths))))
+def _block_rows(columns: tuple[Column, ...] | None) -> int:
+    """4096 rows (always for a ``features`` file, whose shuffle order must not change); fewer
+    where typed inputs make a row wide, so a block stays under 16 MiB (8 bytes a value)."""
+    if columns is None:
+        return DEFAULT_BLOCK_ROWS
+    row_bytes = sum(8 * max(1, c.cap if c.sequence else c.width) for c in columns)
+    return max(64, min(DEFAULT_BLOCK_ROWS, 2**24 // row_bytes))
 
 
 def _spill_into(batches: Iterable[pa.RecordBatch], writers: tuple[_BlockWriter, _BlockWriter],

@@ -102,8 +102,10 @@ def typed_rows(fields: tuple[InputField, ...], series: tuple[pd.Series, ...]) ->
     found: dict[str, Any] = {}
     for field, values in zip(fields, series):
         dtype = np.int64 if field.dtype == "int64" else np.float32
-        if values.isna().any():
-            raise ValueError(f"TorchModel: {field.describe()} holds a null; drop or fill it.")
+        ids = field.dtype == "int64" and (field.sequence or field.width)  # null ids: NaN
+        if values.isna().any() or (ids and any(pd.isna(v).any() for v in values)):
+            raise ValueError(f"TorchModel: {field.describe()} holds a null (or a null id "
+                             f"inside an array); drop or fill it.")
         if field.sequence or field.width:
             arrays = [np.asarray(v, dtype=dtype)[:field.max_length or None] for v in values]
             lengths = np.array([len(a) for a in arrays], np.int64)

@@ -185,6 +185,9 @@ def _fit(df, **params):
     ({"strategy": "pipeline", "pipelineStages": 2}, ParamError,
      "inputCols .* strategy='pipeline'"),
     ({"featureCols": ["user"]}, ParamError, "inputCols and featureCols both set"),
+    ({"inputShapes": {"user": [2]}}, ParamError,
+     r"inputShapes\['user'\]=\[2\], but inputCols\['user'\] .* one number per row"),
+    ({"maxSequenceLength": 0}, ParamError, "maxSequenceLength=0"),
 ])
 def test_bad_typed_inputs_are_refused_naming_the_column_or_argument(tiny, params, error,
                                                                     message):
@@ -201,6 +204,13 @@ class Bag(torch.nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.bag(tokens)
+
+
+def test_a_float_array_whose_first_row_is_empty_needs_a_shape(spark):
+    df = spark.createDataFrame(pd.DataFrame({"dense": [[], [1.0, 2.0]], "label": [0.0, 1.0]}))
+    with pytest.raises(SchemaError, match=r"inputCols\['dense'\].*set its shape in inputShapes"):
+        TorchEstimator(model=nets.ClickModel, inputCols={"dense": "dense", "ids": "dense"},
+                       **COMMON).fit(df)
 
 
 def test_a_wrong_length_a_negative_id_or_a_null_element_stops_every_rank(spark, tiny):
