@@ -182,6 +182,10 @@ class _TorchEstimatorOwn(Params):
         """Gets the value of :py:attr:`keepCheckpoints` or its default value."""
         return self.getOrDefault("keepCheckpoints")
 
+    def getLabelCols(self) -> list[str]:
+        """Gets the value of :py:attr:`labelCols` or its default value."""
+        return self.getOrDefault("labelCols")
+
     def getLearningRate(self) -> float:
         """Gets the value of :py:attr:`learningRate` or its default value."""
         return self.getOrDefault("learningRate")
@@ -278,6 +282,10 @@ class _TorchEstimatorOwn(Params):
         """Gets the value of :py:attr:`validationFraction` or its default value."""
         return self.getOrDefault("validationFraction")
 
+    def getWeightCol(self) -> str:
+        """Gets the value of :py:attr:`weightCol` or its default value."""
+        return self.getOrDefault("weightCol")
+
     def getWeightDecay(self) -> float:
         """Gets the value of :py:attr:`weightDecay` or its default value."""
         return self.getOrDefault("weightDecay")
@@ -330,6 +338,12 @@ class _TorchEstimatorOwn(Params):
     def setKeepCheckpoints(self: _S, value: int) -> _S:
         """Sets the value of :py:attr:`keepCheckpoints`: newest checkpoints kept per run, >= 1."""
         return self._set(keepCheckpoints=value)
+
+    def setLabelCols(self: _S, value: list[str]) -> _S:
+        """Sets the value of :py:attr:`labelCols`: several label columns (instead of labelCol): the
+        loss, a function (output, labels) -> per-row losses, gets the labels as a dict by column
+        name."""
+        return self._set(labelCols=value)
 
     def setLearningRate(self: _S, value: float) -> _S:
         """Sets the value of :py:attr:`learningRate`: learning rate, > 0."""
@@ -464,6 +478,11 @@ class _TorchEstimatorOwn(Params):
         validation."""
         return self._set(validationIndicatorCol=value)
 
+    def setWeightCol(self: _S, value: str) -> _S:
+        """Sets the value of :py:attr:`weightCol`: a column of row weights >= 0: each row's loss is
+        multiplied by its weight and the mean is weighted; '' (default) weighs every row 1."""
+        return self._set(weightCol=value)
+
     def setWeightDecay(self: _S, value: float) -> _S:
         """Sets the value of :py:attr:`weightDecay`: L2 penalty, >= 0."""
         return self._set(weightDecay=value)
@@ -491,22 +510,23 @@ class _TorchEstimatorInit(Params):
         featureCols: list[str] | None = None, featuresCol: str | None = None,
         fsdpWrap: list[str] | None = None, gradientCompression: str | None = None,
         inputCols: Any = None, inputShapes: Any = None, keepCheckpoints: int | None = None,
-        labelCol: str | None = None, learningRate: float | None = None, loss: Any = None,
-        maxRetries: int | None = None, maxSequenceLength: int | None = None,
-        maxStaleness: int | None = None, microBatches: int | None = None,
-        minWorkers: int | None = None, mixedPrecision: bool | None = None, model: Any = None,
-        modelKwargs: dict | None = None, nanPolicy: str | None = None,
-        numClasses: int | None = None, numWorkers: int | None = None, optimizer: str | None = None,
-        pipelineSchedule: str | None = None, pipelineSplitPoints: list[str] | None = None,
-        pipelineStages: int | None = None, powerSgdRank: int | None = None,
-        predictionCol: str | None = None, probabilityCol: str | None = None,
-        progress: bool | None = None, quantization: str | None = None,
-        rawPredictionCol: str | None = None, rendezvousTimeoutSeconds: float | None = None,
-        resume: str | None = None, runId: str | None = None, seed: int | None = None,
-        slotWaitSeconds: float | None = None, strategy: str | None = None,
-        syncEvery: int | None = None, syncWarmupSteps: int | None = None,
-        timeoutSeconds: float | None = None, useGpu: Any = None, validationCol: str | None = None,
-        validationFraction: float | None = None, validationIndicatorCol: str | None = None,
+        labelCol: str | None = None, labelCols: list[str] | None = None,
+        learningRate: float | None = None, loss: Any = None, maxRetries: int | None = None,
+        maxSequenceLength: int | None = None, maxStaleness: int | None = None,
+        microBatches: int | None = None, minWorkers: int | None = None,
+        mixedPrecision: bool | None = None, model: Any = None, modelKwargs: dict | None = None,
+        nanPolicy: str | None = None, numClasses: int | None = None, numWorkers: int | None = None,
+        optimizer: str | None = None, pipelineSchedule: str | None = None,
+        pipelineSplitPoints: list[str] | None = None, pipelineStages: int | None = None,
+        powerSgdRank: int | None = None, predictionCol: str | None = None,
+        probabilityCol: str | None = None, progress: bool | None = None,
+        quantization: str | None = None, rawPredictionCol: str | None = None,
+        rendezvousTimeoutSeconds: float | None = None, resume: str | None = None,
+        runId: str | None = None, seed: int | None = None, slotWaitSeconds: float | None = None,
+        strategy: str | None = None, syncEvery: int | None = None,
+        syncWarmupSteps: int | None = None, timeoutSeconds: float | None = None, useGpu: Any = None,
+        validationCol: str | None = None, validationFraction: float | None = None,
+        validationIndicatorCol: str | None = None, weightCol: str | None = None,
         weightDecay: float | None = None,
     ) -> None:
         """Every keyword defaults to its Param's default (None: not set)."""

@@ -28,25 +28,75 @@ from sparkdist.torchtrain.spec import DataRules, InputField, TrainSpec
 _INDEX_STRINGS = "index string labels with FeatureAssembler(labelCol=...) or cast to double."
 
 
-def prepare(dataset: DataFrame, source: list[str], label: str, validation_col: str | None,
-            fraction: float, seed: int, fields: tuple[InputField, ...] = ()) -> DataFrame:
+def prepare(dataset: DataFrame, source: list[str], label: str | list[str],
+            validation_col: str | None, fraction: float, seed: int,
+            fields: tuple[InputField, ...] = (), weight_col: str = "") -> DataFrame:
     """Columns ``features`` (array<float>) or each typed input (``fields``), ``label``
-    (float), ``is_validation``: the rows of ``validation_col`` where given, else a seeded hash
-    split holding out ``fraction``."""
-    columns = ([f.column for f in fields] or source) + [label] + (
+    (float, or array<float> for an array label or a list of columns: labelCols), ``weight``
+    (float, with ``weight_col``), ``is_validation``: the rows of ``validation_col`` where
+    given, else a seeded hash split holding out ``fraction``."""
+    weights = [weight_col] if weight_col else []
+    labels = label if isinstance(label, list) else [label]
+    columns = ([f.column for f in fields] or source) + labels + weights + (
         [validation_col] if validation_col else [])
     require_columns(dataset.schema, columns, "TorchEstimator")
     names = [f.name for f in fields] or ["features"]
     inputs = [input_column(dataset.schema, f) for f in fields] or [
         features_array(dataset.schema, source)]
-    require_numeric(dataset.schema, label, "labelCol", _INDEX_STRINGS)
     if validation_col:
         flag = _validation_flag(dataset.schema, validation_col)
     else:  # a seeded hash of the row: the same rows are held out on every run and retry
         bucket = F.abs(F.xxhash64(*inputs, F.lit(seed))) % 10**6
         flag = bucket < F.lit(int(fraction * 10**6)) if fraction else F.lit(False)
+    for name in weights:
+        require_numeric(dataset.schema, name, "weightCol", "cast the weights to double.")
     return dataset.select(*(c.alias(name) for c, name in zip(inputs, names)),
-                          col(label).cast("float").alias("label"), flag.alias("is_validation"))
+                          label_column(dataset.schema, label).alias("label"),
+                          *(col(name).cast("float").alias("weight") for name in weights),
+                          flag.alias("is_validation"))
+
+
+# ------------------------------------------------------------------------------- labels
+def label_column(schema: StructType, label: str | list[str]) -> Any:
+    """The label as the training stage reads it: float, or array<float> for an array or
+    vector label and for a list of label columns (labelCols, in their order)."""
+    from pyspark.ml.functions import vector_to_array
+
+    if isinstance(label, list):
+        for name in label:
+            require_numeric(schema, name, "labelCols", _INDEX_STRINGS)
+        return F.array(*[col(name).cast("float") for name in label])
+    dtype = schema[label].dataType
+    if isinstance(dtype, VectorUDT):
+        return vector_to_array(col(label), "float32")
+    if isinstance(dtype, ArrayType) and isinstance(dtype.elementType, NumericType):
+        return col(label).cast("array<float>")
+    require_numeric(schema, label, "labelCol", "use numbers, an array of numbers or an ML "
+                    "vector; " + _INDEX_STRINGS)
+    return col(label).cast("float")
+
+
+def label_width(dataset: DataFrame, label: str | list[str], loss: str) -> int:
+    """Values per row of the label: 0 for one number, else the array's length (from the
+    first row, as the schema does not tell) or the number of labelCols. SchemaError for an
+    array label with ``cross_entropy`` (one class index per row)."""
+    if isinstance(label, list):
+        require_columns(dataset.schema, label, "TorchEstimator")
+        return len(label)
+    require_columns(dataset.schema, [label], "TorchEstimator")
+    if not isinstance(dataset.schema[label].dataType, ArrayType | VectorUDT):
+        return 0
+    if loss == "cross_entropy":
+        raise SchemaError(f"labelCol '{label}' is an array, but loss='cross_entropy' takes one "
+                          f"class index per row; use loss='bce' for several 0/1 labels, "
+                          f"'mse' for several numbers, or a loss function.")
+    row = dataset.select(F.size(label_column(dataset.schema, label)).alias("n")).first()
+    if row is None:
+        raise empty_data_error("TorchEstimator.fit")
+    if not row["n"] or row["n"] < 1:
+        raise SchemaError(f"labelCol '{label}': the first row's array is null or empty, so "
+                          f"the label's length is unknown; drop rows without a label.")
+    return int(row["n"])
 
 
 # ------------------------------------------------------------------------- typed inputs
@@ -164,8 +214,9 @@ def check_data(prepared: DataFrame, rules: DataRules, identity: bool = False) ->
     resume fingerprint's data identity). Typed inputs' own values are checked by the ranks,
     in the pass that trains on them."""
     inputs = [f.name for f in rules.inputs] or ["features"]
-    extra = [content_hash(*inputs, "label", "is_validation")] if identity else []
-    stats = prepared.agg(*_data_aggregates(bool(rules.inputs)), *extra).collect()[0].asDict()
+    weights = ["weight"] if rules.weight_col else []
+    extra = [content_hash(*inputs, "label", *weights, "is_validation")] if identity else []
+    stats = prepared.agg(*_data_aggregates(rules), *extra).collect()[0].asDict()
     for field in rules.inputs:
         stats.update({f"{field.arg}.{name}": 0 for name in datacheck.INPUT_FIELDS})
     datacheck.check_stats(stats, rules)
@@ -220,13 +271,41 @@ def check_model(spec: TrainSpec) -> TrainSpec:
         raise ParamError(f"model={model.module_name!r} returns {type(output).__name__}, not "
                          f"a tensor; return the outputs as one tensor.")
     width = int(math.prod(output.shape[1:])) if output.dim() > 1 else 1
-    if output.shape[0] != 2 or width != model.output_dim:
+    if output.shape[0] != 2 or (width != model.output_dim and not model.label_names):
         raise ParamError(f"model={model.module_name!r} returns shape "
                          f"{tuple(output.shape)} for 2 rows, but loss='{model.loss}' "
                          f"needs {model.output_dim} output(s) per row; set the model's "
                          f"output size (modelKwargs) to {model.output_dim}.")
+    _check_loss(model, output)
     strategies.check(spec, module)
     return _with_table_sizes(spec, module)
+
+
+def _check_loss(model: Any, output: Any) -> None:
+    """A loss function given by the user, on the network's two rows and zero labels: it must
+    return one loss per row (ParamError naming it otherwise)."""
+    import torch
+
+    if model.loss in network.LOSSES:
+        return
+    label = torch.zeros((2, model.label_width) if model.label_width else (2,))
+    try:
+        losses = network.row_losses(model.loss_fn, output, label, model.label_names)
+    except Exception as err:
+        raise ParamError(f"loss={model.loss!r} fails on the network's output for 2 rows "
+                         f"({tuple(output.shape)}) and labels {_labels_given(model)}: "
+                         f"{type(err).__name__}: {err}") from err
+    if not isinstance(losses, torch.Tensor) or tuple(losses.shape) != (2,):
+        shape = tuple(losses.shape) if isinstance(losses, torch.Tensor) else type(losses)
+        raise ParamError(f"loss={model.loss!r} returns {shape} for 2 rows; return one loss "
+                         f"per row (e.g. reduction='none'): the fit averages them (weighted "
+                         f"by weightCol) over the global batch.")
+
+
+def _labels_given(model: Any) -> str:
+    if model.label_names:
+        return "{" + ", ".join(f"'{name}': [2]" for name in model.label_names) + "}"
+    return f"[2, {model.label_width}]" if model.label_width else "[2]"
 
 
 def _with_table_sizes(spec: TrainSpec, module: Any) -> TrainSpec:
@@ -437,24 +516,24 @@ def _bad_features(features: Any) -> Any:
         | (F.size(F.array_compact(features)) != F.size(features)), F.lit(False))
 
 
-def good_row() -> Any:
-    return ~(_bad_features(F.col("features")) | _bad_value(F.col("label")))
-
-
-def _data_aggregates(typed: bool) -> list[Any]:
+def _data_aggregates(rules: DataRules) -> list[Any]:
     """The stats row's aggregates; with typed inputs, the inputs' own figures come from the
-    ranks (only the label's are read here)."""
+    ranks, as do an array label's lengths and nulls (only the label's range and the weights
+    are read here)."""
     label = F.col("label")
-    good_label = F.when(~_bad_value(label), label)
-    width = F.lit(0) if typed else F.size("features")
-    bad = _bad_value(label) if typed else ~good_row()
+    low, high = (F.array_min(label), F.array_max(label)) if rules.label_width else (label,
+                                                                                     label)
+    bad_label = _bad_value(low) | _bad_value(high)
+    weight = F.col("weight") if rules.weight_col else F.lit(1.0)
+    whole = F.forall(label, lambda v: v == F.floor(v)) if rules.label_width else \
+        label == F.floor(label)
+    width = F.lit(0) if rules.inputs else F.size("features")
+    bad = bad_label | (F.lit(False) if rules.inputs else _bad_features(F.col("features"))) | \
+        _bad_value(weight)
+    good = ~bad_label
     return [F.count(F.lit(1)).alias("rows"), F.min(width).alias("min_dim"),
             F.max(width).alias("max_dim"), F.count_if(bad).alias("bad_rows"),
-            F.min(good_label).alias("min_label"), F.max(good_label).alias("max_label"),
-            F.count_if(good_label != F.floor(good_label)).alias("fractional")]
-    return [F.count(F.lit(1)).alias("rows"),
-            F.min(F.size("features")).alias("min_dim"),
-            F.max(F.size("features")).alias("max_dim"),
-            F.count_if(~good_row()).alias("bad_rows"),
-            F.min(good_label).alias("min_label"), F.max(good_label).alias("max_label"),
-            F.count_if(good_label != F.floor(good_label)).alias("fractional")]
+            F.min(F.when(good, low)).alias("min_label"),
+            F.max(F.when(good, high)).alias("max_label"),
+            F.count_if(good & ~whole).alias("fractional"),
+            F.count_if(weight < 0).alias("negative_weights")]

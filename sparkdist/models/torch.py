@@ -250,14 +250,19 @@ class TorchEstimator(_TorchEstimatorInit, Estimator, _TorchParams, HasOptimizati
         network.resolve_loss(self.getOrDefault("loss"))
         fields = checks.input_fields(dataset, *self._input_params(), module)
         parts["rules"] = dataclasses.replace(parts["rules"], inputs=fields)
-        prepared = checks.prepare(dataset, self.featureSource(), self.getOrDefault("labelCol"),
+        label = self.label_source()
+        width = checks.label_width(dataset, label, self.getOrDefault("loss"))
+        parts["rules"] = dataclasses.replace(parts["rules"], label_width=width)
+        prepared = checks.prepare(dataset, self.featureSource(), label,
                                   self.validation_column(),
                                   self.getOrDefault("validationFraction"),
-                                  self.getOrDefault("seed"), fields)
+                                  self.getOrDefault("seed"), fields,
+                                  self.getOrDefault("weightCol"))
         stats = self._read_data(dataset, prepared, parts["rules"],
                                 identity=checkpoint_dir is not None)
+        names = tuple(label) if isinstance(label, list) else ()
         spec = TrainSpec(model=self._model_spec(int(stats["max_dim"]), self._classes(stats),
-                                                fields),
+                                                fields, width, names),
                          checkpoint=self._checkpoint_spec(checkpoint_dir, run_id),
                          hooks=hooks.armed(self), **parts)
         strategies.check_compatible(spec)
@@ -274,8 +279,9 @@ class TorchEstimator(_TorchEstimatorInit, Estimator, _TorchParams, HasOptimizati
         """What decides the training trajectory (``_trajectory``), plus the data's identity:
         a run resumes only when all of it matches."""
         validation = self.validation_column()
-        columns = self.inputColumns() + [self.getOrDefault("labelCol")] + (
-            [validation] if validation else [])
+        label, weight = self.label_source(), self.getOrDefault("weightCol")
+        columns = self.inputColumns() + (label if isinstance(label, list) else [label]) + (
+            [weight] if weight else []) + ([validation] if validation else [])
         return {**self._fingerprint_params(),
                 **data_identity(dataset.select(*columns).schema, stats)}
 
@@ -416,7 +422,8 @@ class TorchModel(Model, _TorchParams, PersistentModel, _TorchModelAccessors):
                          input_dim=int(self._info["input_dim"]),
                          output_dim=int(self._info["output_dim"]), loss=get("loss"),
                          batch_size=get("batchSize"), use_gpu=get("useGpu"),
-                         quantization=self._quantization(), inputs=fields)
+                         quantization=self._quantization(), inputs=fields,
+                         label_width=int(self._info.get("label_width", 0)))
         predict = inference.predict_udf(spec, self.task)
         scored = dataset.withColumn("__sparkdist_out", predict(*columns))
         return self._output_columns(scored).drop("__sparkdist_out")
@@ -426,7 +433,7 @@ class TorchModel(Model, _TorchParams, PersistentModel, _TorchModelAccessors):
 
         out = F.col("__sparkdist_out")
         scored = scored.withColumn(self.getOrDefault("predictionCol"), out["prediction"])
-        if self.task == "classification":
+        if self.task == "classification":  # (with several labels: each one's probability)
             for param, field in (("rawPredictionCol", "raw"), ("probabilityCol", "probability")):
                 if self.getOrDefault(param):
                     scored = scored.withColumn(self.getOrDefault(param),
@@ -513,5 +520,7 @@ def _user_frame_level() -> int:
 
 def _model_state(spec: TrainSpec) -> dict[str, Any]:
     typed = {"inputs": [f.saved() for f in spec.model.inputs]} if spec.model.inputs else {}
+    several = {"label_width": spec.model.label_width} if spec.model.label_width else {}
     return {"input_dim": spec.model.input_dim, "output_dim": spec.model.output_dim,
-            "num_classes": spec.model.num_classes, "run_id": spec.checkpoint.run_id, **typed}
+            "num_classes": spec.model.num_classes, "run_id": spec.checkpoint.run_id, **typed,
+            **several}

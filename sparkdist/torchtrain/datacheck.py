@@ -11,9 +11,11 @@ rules to its own aggregates before launch.
 
 ``stats`` holds ``rows``, ``bad_rows`` (NaN, infinite or null in the features or the label),
 ``min_dim``/``max_dim`` (vector lengths of the good rows), ``min_label``/``max_label`` and
-``fractional`` (good labels that are not whole numbers). With typed inputs (``inputCols``) each
-input adds :data:`INPUT_FIELDS` (``<arg>.nulls``...): null values or null array elements, rows
-whose array is not the declared length, the smallest and largest id.
+``fractional`` (good labels that are not whole numbers), ``broken_labels`` (rows of an array
+label holding a null or not ``label_width`` values) and ``negative_weights``. With typed
+inputs (``inputCols``) each input adds :data:`INPUT_FIELDS` (``<arg>.nulls``...): null values
+or null array elements, rows whose array is not the declared length, the smallest and largest
+id.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ if TYPE_CHECKING:
     from sparkdist.torchtrain.spec import DataRules, InputField
 
 #: The order of the figures in the all-reduced table.
-FIELDS = ("rows", "bad_rows", "min_dim", "max_dim", "min_label", "max_label", "fractional")
+FIELDS = ("rows", "bad_rows", "min_dim", "max_dim", "min_label", "max_label", "fractional",
+          "broken_labels", "negative_weights")
 #: Each typed input's figures, after :data:`FIELDS`.
 INPUT_FIELDS = ("nulls", "wrong_length", "min_id", "max_id")
 
@@ -54,6 +57,7 @@ def check_stats(stats: dict[str, Any], rules: DataRules) -> None:
                           f"null values in '{source}' or the label '{rules.label_col}'; "
                           f"clean them, impute them (FeatureAssembler nullPolicy='impute') or "
                           f"set nanPolicy='drop'.")
+    _check_targets(stats, rules)
     good = stats["rows"] - (stats["bad_rows"] or 0)
     if rules.batch_size > good:
         raise ParamError(f"batchSize={rules.batch_size} exceeds the {good} usable rows; "
@@ -82,6 +86,27 @@ def _check_input(field: InputField, figures: dict[str, Any]) -> None:
         raise SchemaError(f"{where} holds the id {figures['max_id']:.0f}, but the network's "
                           f"table for '{field.arg}' has {field.num_embeddings} rows "
                           f"(embedding_sizes); enlarge the table (modelKwargs) or re-index.")
+
+
+def _check_targets(stats: dict[str, Any], rules: DataRules) -> None:
+    """SchemaError for an array label of the wrong length (or with a null inside) and for
+    negative weights: broken rows, not dropped by nanPolicy."""
+    if stats.get("broken_labels"):
+        raise SchemaError(f"labelCol '{rules.label_col}': {stats['broken_labels']} rows hold "
+                          f"a null inside the array or not {rules.label_width} values (the "
+                          f"first row's length); every row needs a label of the same length.")
+    if stats.get("negative_weights"):
+        raise SchemaError(f"weightCol '{rules.weight_col}' holds {stats['negative_weights']} "
+                          f"negative weights; use weights >= 0.")
+
+
+def check_training_weight(total: float, rules: DataRules) -> float:
+    """The training rows' summed weight (their count where rows are unweighted); SchemaError
+    where every weight is 0: no row would train."""
+    if rules.weight_col and not total > 0:
+        raise SchemaError(f"weightCol '{rules.weight_col}': the training rows' weights sum "
+                          f"to {total}; at least one row needs a weight above 0.")
+    return total
 
 
 def _check_labels(stats: dict[str, Any], rules: DataRules) -> None:
@@ -114,8 +139,8 @@ def combine(table: np.ndarray, fields: tuple[InputField, ...] = ()) -> dict[str,
         ids[f"{field.arg}.min_id"] = part["min_id"][seen].min().item() if seen.any() else None
         ids[f"{field.arg}.max_id"] = part["max_id"][seen].max().item() if seen.any() else None
     kept = column["rows"] > column["bad_rows"]
-    stats: dict[str, Any] = {name: int(column[name].sum())
-                             for name in ("rows", "bad_rows", "fractional")}
+    stats: dict[str, Any] = {name: int(column[name].sum()) for name in (
+        "rows", "bad_rows", "fractional", "broken_labels", "negative_weights")}
     for name, extreme in (("min_dim", np.min), ("max_dim", np.max), ("min_label", np.min),
                           ("max_label", np.max)):
         stats[name] = extreme(column[name][kept]).item() if kept.any() else None
@@ -131,9 +156,12 @@ class PartitionScan:
     (Arrow and numpy): the JVM only converts the vectors, as any reader of them would."""
 
     def __init__(self, batches: Iterable[pa.RecordBatch], dim: int,
-                 fields: tuple[InputField, ...] = ()) -> None:
+                 fields: tuple[InputField, ...] = (), label_width: int = 0,
+                 weighted: bool = False) -> None:
         self._batches, self.dim, self.fields = batches, dim, fields
+        self.label_width, self.weighted = label_width, weighted
         self.rows = self.bad_rows = self.fractional = 0
+        self.broken_labels = self.negative_weights = 0
         self.min_dim = self.max_dim = dim
         self.min_label, self.max_label = np.inf, -np.inf
         self.inputs = [[0, 0, np.inf, -np.inf] for _ in fields]  # INPUT_FIELDS of each
@@ -150,49 +178,78 @@ class PartitionScan:
         features = batch.column("features")
         lengths = pc.fill_null(pc.list_value_length(features), -1).to_numpy(
             zero_copy_only=False)
-        labels = batch.column("label").to_numpy(zero_copy_only=False).astype(np.float64)
-        good = np.isfinite(labels) & (lengths >= 0)  # nulls arrive as NaN, and length -1
+        labels, good, broken = self._targets(batch)
+        good &= lengths >= 0  # a null vector: length -1
         shaped = lengths == self.dim
         if shaped.any():  # every value of the rows of the right length: finite?
             rows = features if shaped.all() else features.filter(pa.array(shaped))
             values = pc.list_flatten(rows).to_numpy(zero_copy_only=False)
             finite = np.isfinite(values.astype(np.float32, copy=False))
             good[shaped] &= finite.reshape(-1, self.dim).all(1)
-        self.bad_rows += int(np.count_nonzero(~good))
+        self.bad_rows += int(np.count_nonzero(~good & ~broken))
+        good &= ~broken
         if good.any():
             self.min_dim = min(self.min_dim, int(lengths[good].min()))
             self.max_dim = max(self.max_dim, int(lengths[good].max()))
-            kept = labels[good]
+            self._note_labels(labels[good])
+        keep = good & shaped
+        return batch if keep.all() else batch.filter(pa.array(keep))
+
+    def _targets(self, batch: pa.RecordBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The labels as float64 ``[rows]`` or ``[rows, label_width]`` (NaN where null or
+        broken), the rows whose label and weight are finite, and the broken rows (an array
+        label with a null inside or of another length, a negative weight), counted."""
+        column = batch.column("label")
+        if self.label_width:
+            lengths = pc.fill_null(pc.list_value_length(column), -1).to_numpy(
+                zero_copy_only=False)
+            nulls = pc.list_flatten(column).is_null().to_numpy(zero_copy_only=False)
+            parents = pc.list_parent_indices(column).to_numpy(zero_copy_only=False)
+            broken = (lengths != self.label_width) | (
+                np.bincount(parents, weights=nulls, minlength=len(column)) > 0)
+            labels = np.full((len(column), self.label_width), np.nan)
+            fine = pc.list_flatten(column.filter(pa.array(~broken)))
+            labels[~broken] = fine.to_numpy(zero_copy_only=False).astype(
+                np.float64).reshape(-1, self.label_width)
+            self.broken_labels += int(np.count_nonzero(broken))
+            good = np.isfinite(labels).all(1)
+        else:
+            labels = column.to_numpy(zero_copy_only=False).astype(np.float64)  # nulls: NaN
+            broken, good = np.zeros(len(labels), bool), np.isfinite(labels)
+        if self.weighted:
+            weights = batch.column("weight").to_numpy(zero_copy_only=False).astype(np.float64)
+            negative = weights < 0
+            self.negative_weights += int(np.count_nonzero(negative))
+            broken |= negative
+            good &= np.isfinite(weights)
+        return labels, good, broken
+
+    def _note_labels(self, kept: np.ndarray) -> None:
+        """The range of the good rows' labels (every value of an array label)."""
+        if kept.size:
             self.min_label = min(self.min_label, float(kept.min()))
             self.max_label = max(self.max_label, float(kept.max()))
             self.fractional += int(np.count_nonzero(kept != np.floor(kept)))
-        keep = good & shaped
-        return batch if keep.all() else batch.filter(pa.array(keep))
 
     def _keep_typed(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         """The typed inputs' rows: broken ones (nulls, wrong lengths) counted per input and
         dropped (the fit then stops on them), non-finite floats and labels counted as bad."""
         self.rows += batch.num_rows
-        labels = batch.column("label").to_numpy(zero_copy_only=False).astype(np.float64)
-        good = np.isfinite(labels)
-        broken = np.zeros(batch.num_rows, bool)
+        labels, good, broken = self._targets(batch)
         for field, figures in zip(self.fields, self.inputs):
             row_broken, row_bad = _scan_input(batch.column(field.name), field, figures)
             broken |= row_broken
             good &= ~row_bad
         self.bad_rows += int(np.count_nonzero(~good & ~broken))
         keep = good & ~broken
-        if keep.any():
-            kept = labels[keep]
-            self.min_label = min(self.min_label, float(kept.min()))
-            self.max_label = max(self.max_label, float(kept.max()))
-            self.fractional += int(np.count_nonzero(kept != np.floor(kept)))
+        self._note_labels(labels[keep])
         return batch if keep.all() else batch.filter(pa.array(keep))
 
     def figures(self) -> list[float]:
         """This partition's figures, in :data:`FIELDS` order, then each input's."""
         return [self.rows, self.bad_rows, self.min_dim, self.max_dim, self.min_label,
-                self.max_label, self.fractional, *(x for each in self.inputs for x in each)]
+                self.max_label, self.fractional, self.broken_labels, self.negative_weights,
+                *(x for each in self.inputs for x in each)]
 
 
 def _scan_input(column: pa.Array, field: InputField, figures: list[Any]) -> tuple[

@@ -18,7 +18,6 @@ every rank's row count to know the global batch size of each step.
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Iterable, Iterator
 from types import TracebackType
@@ -30,10 +29,12 @@ import torch
 
 from sparkdist.exceptions import SchemaError
 from sparkdist.torchtrain import inputs
-from sparkdist.torchtrain.inputs import Column, Inputs
+from sparkdist.torchtrain.blockfile import BlockWriter
+from sparkdist.torchtrain.inputs import Column, Inputs, Target
 
 FEATURES = "features"
 LABEL = "label"
+WEIGHT = "weight"
 IS_VALIDATION = "is_validation"
 TRAIN_FILE = "train.arrow"
 VALIDATION_FILE = "validation.arrow"
@@ -41,8 +42,16 @@ DEFAULT_BLOCK_ROWS = 4096
 DEFAULT_SHUFFLE_BLOCKS = 8
 
 # Rows as numpy arrays, one per file column in order (a sequence column as a zero-padded
-# [rows, width] array followed by its [rows] lengths), the float32 labels last.
+# [rows, width] array followed by its [rows] lengths), the targets last: the float32 weights
+# where there are any, then the float32 labels ([rows] or [rows, k]).
 Chunk = tuple[np.ndarray, ...]
+
+
+def targets(label_width: int = 0, weighted: bool = False) -> tuple[Column, ...]:
+    """The columns a loss is computed against, last in every file: ``weight`` (``weightCol``)
+    where rows are weighted, then ``label``: one float32 per row, or ``label_width`` (an array
+    label, ``labelCols``)."""
+    return (Column(WEIGHT),) * weighted + (Column(LABEL, width=label_width),)
 
 
 def step_sizes(n: int, num_steps: int) -> np.ndarray:
@@ -82,6 +91,7 @@ def spill(
     block_rows: int | None = None,
     dim: int | None = None,
     columns: tuple[Column, ...] | None = None,
+    target: tuple[Column, ...] = targets(),
 ) -> tuple[SpilledRows, SpilledRows]:
     """Write one partition's rows to local Arrow files, training and validation apart.
 
@@ -103,6 +113,9 @@ def spill(
     columns : tuple of Column, optional
         Typed inputs instead of ``features``; their values must already be checked (no nulls,
         fixed widths as declared: :class:`sparkdist.torchtrain.datacheck.PartitionScan`).
+    target : tuple of Column, default one float32 ``label``
+        The :func:`targets` columns: ``weight`` where rows are weighted, ``label`` (an array
+        label of a fixed width checked by the scan).
 
     Returns
     -------
@@ -125,7 +138,7 @@ def spill(
     (3, 1, 2)
     >>> with train, validation:
     ...     for x, y in train.batches(seed=1, epoch=0, num_steps=2):
-    ...         print(tuple(x.shape), tuple(y.shape))
+    ...         print(tuple(x.shape), tuple(y.label.shape))
     (1, 2) (1,)
     (2, 2) (2,)
     """
@@ -134,14 +147,14 @@ def spill(
         raise ValueError(f"block_rows={block_rows} must be at least 1")
     os.makedirs(directory, exist_ok=True)
     paths = (os.path.join(directory, TRAIN_FILE), os.path.join(directory, VALIDATION_FILE))
-    writers = (_BlockWriter(paths[0], block_rows), _BlockWriter(paths[1], block_rows))
+    writers = (BlockWriter(paths[0], block_rows), BlockWriter(paths[1], block_rows))
     try:
-        dim = _spill_into(batches, writers, dim, columns)
+        dim = _spill_into(batches, writers, dim, columns, target)
     except BaseException:
         for writer in writers:
             writer.abort()
         raise
-    schema = _schema(dim or 0) if columns is None else typed_schema(columns)
+    schema = file_schema(columns, target, dim or 0)
     for writer in writers:
         writer.close(schema)
     return SpilledRows(paths[0]), SpilledRows(paths[1])
@@ -156,17 +169,20 @@ def _block_rows(columns: tuple[Column, ...] | None) -> int:
     return max(64, min(DEFAULT_BLOCK_ROWS, 2**24 // row_bytes))
 
 
-def _spill_into(batches: Iterable[pa.RecordBatch], writers: tuple[_BlockWriter, _BlockWriter],
-                dim: int | None, columns: tuple[Column, ...] | None) -> int | None:
+def _spill_into(batches: Iterable[pa.RecordBatch], writers: tuple[BlockWriter, BlockWriter],
+                dim: int | None, columns: tuple[Column, ...] | None,
+                target: tuple[Column, ...]) -> int | None:
     """Route every row to the training or validation writer; return the vector length."""
     first_row = 0
     for batch in batches:
         if batch.num_rows == 0:
             continue
         if columns is None:
-            rows, dim = _normalise(batch, dim, first_row)
+            arrays, dim = _normalise(batch, dim, first_row)
         else:
-            rows = _typed(batch, columns)
+            arrays = _typed(batch, columns)
+        arrays += [_target_array(batch, column) for column in target]
+        rows = pa.RecordBatch.from_arrays(arrays, schema=file_schema(columns, target, dim or 0))
         first_row += batch.num_rows
         mask = _validation_mask(batch)
         if mask is None:
@@ -177,43 +193,47 @@ def _spill_into(batches: Iterable[pa.RecordBatch], writers: tuple[_BlockWriter, 
     return dim
 
 
-def _schema(dim: int) -> pa.Schema:
-    """The file schema; ``dim`` 0 marks a file whose vector length is unknown (no rows)."""
-    return pa.schema([
-        pa.field(FEATURES, pa.list_(pa.float32(), dim), nullable=False),
-        pa.field(LABEL, pa.float32(), nullable=False),
-    ])
+def file_schema(columns: tuple[Column, ...] | None, target: tuple[Column, ...],
+                dim: int = 0) -> pa.Schema:
+    """The file schema: ``features`` (``dim`` 0 marks a file whose vector length is unknown:
+    no rows) or each typed input as :meth:`Column.arrow_type`, then the targets."""
+    head = [pa.field(FEATURES, pa.list_(pa.float32(), dim), nullable=False)] \
+        if columns is None else [pa.field(c.name, c.arrow_type(), nullable=False)
+                                 for c in columns]
+    return pa.schema([*head, *(pa.field(c.name, c.arrow_type(), nullable=False)
+                               for c in target)])
 
 
-def typed_schema(columns: tuple[Column, ...]) -> pa.Schema:
-    """The file schema of typed inputs: each column as :meth:`Column.arrow_type`, the label."""
-    return pa.schema([*(pa.field(c.name, c.arrow_type(), nullable=False) for c in columns),
-                      pa.field(LABEL, pa.float32(), nullable=False)])
-
-
-def _typed(batch: pa.RecordBatch, columns: tuple[Column, ...]) -> pa.RecordBatch:
-    """The batch's typed inputs and label in the file schema."""
+def _typed(batch: pa.RecordBatch, columns: tuple[Column, ...]) -> list[pa.Array]:
+    """The batch's typed inputs as the file holds them."""
     missing = [c.name for c in columns if c.name not in batch.schema.names]
-    if missing or LABEL not in batch.schema.names:
-        raise SchemaError(f"columns {missing or [LABEL]} are missing from the partition "
+    if missing:
+        raise SchemaError(f"columns {missing} are missing from the partition "
                           f"(columns: {batch.schema.names})")
-    arrays = [inputs.to_arrow(batch.column(c.name), c) for c in columns]
-    return pa.RecordBatch.from_arrays([*arrays, _as_float32(batch.column(LABEL), LABEL)],
-                                      schema=typed_schema(columns))
+    return [inputs.to_arrow(batch.column(c.name), c) for c in columns]
+
+
+def _target_array(batch: pa.RecordBatch, column: Column) -> pa.Array:
+    """The label or the weights as the file holds them (an array label already checked)."""
+    if column.name not in batch.schema.names:
+        raise SchemaError(f"column '{column.name}' is missing from the partition (columns: "
+                          f"{batch.schema.names}); select the features and label columns "
+                          "before training")
+    values = batch.column(column.name)
+    if column.width:
+        return inputs.to_arrow(values, column)
+    return _as_float32(values, column.name)
 
 
 def _normalise(batch: pa.RecordBatch, dim: int | None, first_row: int) -> tuple[
-        pa.RecordBatch, int]:
-    """Return the batch as (fixed_size_list<float32, dim>, float32) and its vector length."""
-    for column in (FEATURES, LABEL):
-        if column not in batch.schema.names:
-            raise SchemaError(
-                f"column '{column}' is missing from the partition (columns: "
-                f"{batch.schema.names}); select the features and label columns before training")
+        list[pa.Array], int]:
+    """The features as fixed_size_list<float32, dim>, and their vector length."""
+    if FEATURES not in batch.schema.names:
+        raise SchemaError(
+            f"column '{FEATURES}' is missing from the partition (columns: "
+            f"{batch.schema.names}); select the features and label columns before training")
     values, dim = _flat_values(batch.column(FEATURES), dim, first_row)
-    vectors = pa.FixedSizeListArray.from_arrays(values, dim)
-    labels = _as_float32(batch.column(LABEL), LABEL)
-    return pa.RecordBatch.from_arrays([vectors, labels], schema=_schema(dim)), dim
+    return [pa.FixedSizeListArray.from_arrays(values, dim)], dim
 
 
 def _flat_values(features: pa.Array, dim: int | None, first_row: int) -> tuple[pa.Array, int]:
@@ -273,54 +293,6 @@ def _validation_mask(batch: pa.RecordBatch) -> pa.Array | None:
     return mask if pc.any(mask).as_py() else None
 
 
-class _BlockWriter:
-    """Writes rows to an Arrow IPC file in record batches of exactly ``block_rows`` rows."""
-
-    def __init__(self, path: str, block_rows: int) -> None:
-        self._path = path
-        self._block_rows = block_rows
-        self._pending: list[pa.RecordBatch] = []
-        self._pending_rows = 0
-        self._writer: pa.ipc.RecordBatchFileWriter | None = None
-
-    def write(self, rows: pa.RecordBatch) -> None:
-        """Queue rows; write every full block (the queue stays under one block)."""
-        if rows.num_rows == 0:
-            return
-        self._pending.append(rows)
-        self._pending_rows += rows.num_rows
-        if self._pending_rows >= self._block_rows:
-            self._flush(final=False)
-
-    def _flush(self, final: bool) -> None:
-        table = pa.Table.from_batches(self._pending).combine_chunks()
-        full = table.num_rows if final else table.num_rows - table.num_rows % self._block_rows
-        for start in range(0, full, self._block_rows):
-            self._emit(table.slice(start, min(self._block_rows, full - start)))
-        rest = table.slice(full)
-        self._pending = rest.to_batches() if rest.num_rows else []
-        self._pending_rows = rest.num_rows
-
-    def _emit(self, block: pa.Table) -> None:
-        if self._writer is None:
-            self._writer = pa.ipc.new_file(self._path, block.schema)
-        self._writer.write_table(block, max_chunksize=self._block_rows)
-
-    def close(self, schema: pa.Schema) -> None:
-        """Write the last, shorter block; an empty file still gets the schema."""
-        if self._pending_rows:
-            self._flush(final=True)
-        if self._writer is None:
-            self._writer = pa.ipc.new_file(self._path, schema)
-        self._writer.close()
-
-    def abort(self) -> None:
-        """Release the file after a failure; the half-written file is left for the caller."""
-        if self._writer is not None:
-            with contextlib.suppress(Exception):  # the original error is the one to report
-                self._writer.close()
-
-
 class SpilledRows:
     """Rows spilled by :func:`spill`, read back a block at a time. Plain reads, not a memory
     map: a mapped file's pages count towards the process's resident memory as they are
@@ -342,6 +314,8 @@ class SpilledRows:
         was never known, and for typed inputs.
     columns : tuple of Column or None
         The typed inputs (None for a ``features`` file).
+    target : tuple of Column
+        The :func:`targets` the file holds after its inputs.
     num_blocks : int
         Number of record batches (blocks) in the file.
 
@@ -364,14 +338,17 @@ class SpilledRows:
         schema = self._reader.schema
         self.dim: int | None = None
         self.columns: tuple[Column, ...] | None = None
-        if schema.names == [FEATURES, LABEL]:
+        self.target = tuple(inputs.column_of(field) for field in schema
+                            if field.name in (WEIGHT, LABEL))
+        heads = [field for field in schema if field.name not in (WEIGHT, LABEL)]
+        if [field.name for field in heads] == [FEATURES]:
             kind = schema.field(FEATURES).type
             if not pa.types.is_fixed_size_list(kind):
                 raise SchemaError(f"{path} is not a file written by spill(): column "
                                   f"'{FEATURES}' has type {kind}")
             self.dim = kind.list_size or None
         else:
-            self.columns = tuple(inputs.column_of(field) for field in schema if field.name != LABEL)
+            self.columns = tuple(inputs.column_of(field) for field in heads)
         self.num_blocks: int = self._reader.num_record_batches
         blocks = (self._reader.get_batch(i).num_rows for i in range(self.num_blocks))
         self._block_sizes = np.fromiter(blocks, dtype=np.int64, count=self.num_blocks)
@@ -388,6 +365,14 @@ class SpilledRows:
                  trace: TracebackType | None) -> None:
         self.close()
 
+    def weight_sum(self) -> float:
+        """The rows' summed weights (``weightCol``); the row count where rows weigh 1."""
+        if self.target[0].name != WEIGHT or self._reader is None:
+            return float(self.num_rows)
+        at = self._reader.schema.get_field_index(WEIGHT)
+        return float(sum(np.sum(self._reader.get_batch(i).column(at).to_numpy(), dtype=np.float64)
+                         for i in range(self.num_blocks)))
+
     def close(self) -> None:
         """Close the file (batches already yielded stay valid: they are copies)."""
         self._reader = None
@@ -403,7 +388,7 @@ class SpilledRows:
         dim: int | None = None,
         shuffle_blocks: int = DEFAULT_SHUFFLE_BLOCKS,
         device: torch.device | str | None = None,
-    ) -> Iterator[tuple[Inputs, torch.Tensor]]:
+    ) -> Iterator[tuple[Inputs, Target]]:
         """Yield exactly ``num_steps`` batches that hold every row once.
 
         Step ``s`` holds ``step_sizes(num_rows, num_steps)[s]`` rows, possibly 0.
@@ -429,8 +414,8 @@ class SpilledRows:
         ------
         tuple
             The inputs (features float32 ``[b, dim]``, or the typed inputs by column name:
-            :data:`Inputs`) and the labels float32 ``[b]``, fresh memory (not views of the
-            file).
+            :data:`Inputs`) and the :class:`Target` (labels float32 ``[b]`` or ``[b, k]``,
+            weights ``[b]`` or None), fresh memory (not views of the file).
         """
         empty = self._empty(dim)
         sizes = step_sizes(self.num_rows, num_steps)
@@ -444,14 +429,14 @@ class SpilledRows:
             chunks = self._shuffled_chunks(np.random.default_rng([seed, epoch]), shuffle_blocks)
         else:
             chunks = (self._read_block(i) for i in range(self.num_blocks))
-        return _batches(_Rechunker(chunks, empty), sizes, self.columns, device)
+        weighted = self.target[0].name == WEIGHT
+        return _batches(_Rechunker(chunks, empty), sizes, self.columns, weighted, device)
 
     def _empty(self, dim: int | None) -> Chunk:
         """A chunk of no rows (the vector length resolved for a ``features`` file)."""
-        if self.columns is not None:
-            return _concat([], self.columns)
-        width = self._resolve_dim(dim)
-        return np.empty((0, width), np.float32), np.empty(0, np.float32)
+        head = (np.empty((0, self._resolve_dim(dim)), np.float32),) if self.columns is None \
+            else _concat([], self.columns)
+        return (*head, *_concat([], self.target))
 
     def _resolve_dim(self, dim: int | None) -> int:
         if self.dim is None:
@@ -471,21 +456,18 @@ class SpilledRows:
         if self._reader is None:
             raise ValueError(f"{self.path} was closed while its batches were being read")
         block = self._reader.get_batch(index)
-        labels = block.column(block.num_columns - 1).to_numpy(zero_copy_only=True)
+        rows = block.num_rows
         if self.columns is None:
             features = block.column(0).flatten().to_numpy(zero_copy_only=True)
-            return features.reshape(len(labels), -1), labels
-        arrays: list[np.ndarray] = []
-        for at, column in enumerate(self.columns):
-            values = block.column(at)
-            if column.sequence:
-                arrays += inputs.padded(values)
-            elif column.width:
-                arrays.append(values.flatten().to_numpy(zero_copy_only=True)
-                              .reshape(len(labels), column.width))
-            else:
-                arrays.append(values.to_numpy(zero_copy_only=True))
-        return (*arrays, labels)
+            arrays = [features.reshape(rows, -1)]
+        else:
+            arrays = []
+            for at, column in enumerate(self.columns):
+                arrays += _arrays(block.column(at), column, rows)
+        first = block.num_columns - len(self.target)
+        for at, column in enumerate(self.target, start=first):
+            arrays += _arrays(block.column(at), column, rows)
+        return tuple(arrays)
 
     def _shuffled_chunks(self, rng: np.random.Generator, shuffle_blocks: int) -> Iterator[Chunk]:
         """Blocks in random order through a sliding shuffle buffer of ``shuffle_blocks`` blocks.
@@ -506,6 +488,16 @@ class SpilledRows:
             yield _take(buffer, slots)
             buffer = _put(buffer, slots, new)
         yield from _drain(buffer, rng, block_rows)
+
+
+def _arrays(values: pa.Array, column: Column, rows: int) -> list[np.ndarray]:
+    """One file column of a block as numpy: a view of the read buffer where it can be (all but
+    a sequence, padded into a new array with its lengths)."""
+    if column.sequence:
+        return inputs.padded(values)
+    if column.width:
+        return [values.flatten().to_numpy(zero_copy_only=True).reshape(rows, column.width)]
+    return [values.to_numpy(zero_copy_only=True)]
 
 
 def _take(chunk: Chunk, rows: np.ndarray) -> Chunk:
@@ -535,7 +527,7 @@ def _concat(parts: list[Chunk], columns: tuple[Column, ...] | None) -> Chunk:
                 arrays += [np.empty((0, 0), np.int64), np.empty(0, np.int64)]
             else:
                 arrays.append(np.empty((0, column.width) if column.width else 0, dtype))
-        return (*arrays, np.empty(0, np.float32))
+        return tuple(arrays)
     out = []
     for same in zip(*parts):  # one array of every part
         width = max((a.shape[1] for a in same if a.ndim == 2), default=0)
@@ -551,11 +543,13 @@ def _drain(buffer: Chunk, rng: np.random.Generator, block_rows: int) -> Iterator
 
 
 def _batches(rechunker: _Rechunker, sizes: np.ndarray, columns: tuple[Column, ...] | None,
-             device: torch.device | str | None) -> Iterator[tuple[Inputs, torch.Tensor]]:
+             weighted: bool, device: torch.device | str | None) -> Iterator[
+                 tuple[Inputs, Target]]:
     """Cut the row stream into tensors of the given sizes."""
     for size in sizes:
         chunk = rechunker.take(int(size))
-        y = torch.from_numpy(chunk[-1])
+        y = Target(torch.from_numpy(chunk[-1]),
+                   torch.from_numpy(chunk[-2]) if weighted else None)
         if columns is None:
             x: Inputs = torch.from_numpy(chunk[0])
         else:

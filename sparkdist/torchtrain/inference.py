@@ -45,6 +45,17 @@ _OUTPUT_SCHEMA = {
     "classification": "prediction double, probability array<double>, raw array<double>",
     "regression": "prediction double",
 }
+#: With several values per row (an array label, labelCols): ``prediction`` an array, and for
+#: ``bce`` each value's probability of 1 and its logit.
+_ARRAY_OUTPUT_SCHEMA = {
+    "classification": "prediction array<double>, probability array<double>, raw array<double>",
+    "regression": "prediction array<double>",
+}
+
+
+def output_schema(task: str, label_width: int) -> str:
+    """The scoring UDF's struct: one prediction per row, or an array of ``label_width``."""
+    return (_ARRAY_OUTPUT_SCHEMA if label_width else _OUTPUT_SCHEMA)[task]
 
 
 def predict_udf(spec: ScoreSpec, task: str) -> Any:
@@ -56,12 +67,13 @@ def predict_udf(spec: ScoreSpec, task: str) -> Any:
         def predict_typed(batches: Iterator[tuple[pd.Series, ...]]) -> Iterator[pd.DataFrame]:
             yield from predict_batches(spec, batches)
 
-        return pandas_udf(predict_typed, _OUTPUT_SCHEMA[task])  # type: ignore[call-overload]
+        return pandas_udf(predict_typed,  # type: ignore[call-overload]
+                          output_schema(task, spec.label_width))
 
     def predict(batches: Iterator[pd.Series]) -> Iterator[pd.DataFrame]:
         yield from predict_batches(spec, batches)
 
-    return pandas_udf(predict, _OUTPUT_SCHEMA[task])  # type: ignore[call-overload]
+    return pandas_udf(predict, output_schema(task, spec.label_width))  # type: ignore[call-overload]
 
 
 def predict_batches(spec: ScoreSpec, batches: Any) -> Any:
@@ -90,7 +102,7 @@ def predict_batches(spec: ScoreSpec, batches: Any) -> Any:
             rows = np.stack(batch.to_numpy()).astype(np.float32) if len(batch) else \
                 np.zeros((0, spec.input_dim), np.float32)
         output = score(module, rows, spec.batch_size, spec.output_dim, device, spec.inputs)
-        yield pd.DataFrame(_outputs(spec.loss, output.double()))
+        yield pd.DataFrame(_outputs(spec.loss, output.double(), spec.label_width))
 
 
 def typed_rows(fields: tuple[InputField, ...], series: tuple[pd.Series, ...]) -> dict[str, Any]:
@@ -241,9 +253,15 @@ def state_bytes(module: Any) -> int:
     return len(buffer.getvalue())
 
 
-def _outputs(loss: str, output: Any) -> dict[str, Any]:
+def _outputs(loss: str, output: Any, label_width: int = 0) -> dict[str, Any]:
     import torch
 
+    if label_width:  # several values per row: arrays
+        output = output.reshape(len(output), -1)
+        if loss != "bce":
+            return {"prediction": list(output.numpy())}
+        return {"prediction": list((output > 0).double().numpy()),
+                "probability": list(torch.sigmoid(output).numpy()), "raw": list(output.numpy())}
     if loss == "bce":
         logit = output[:, 0]
         probability = torch.sigmoid(logit)

@@ -11,7 +11,7 @@ padded with zeros per batch to the batch's longest, and passed with a boolean ``
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -24,6 +24,25 @@ if TYPE_CHECKING:
 #: What a step gets: one float32 [b, dim] tensor (the ``features`` layout), or the typed
 #: inputs by column name (a sequence ``c`` also as ``c_mask``, True on its real tokens).
 Inputs = Any
+
+
+class Target(NamedTuple):
+    """What a batch's loss is computed against: the labels (float32 ``[b]``, or ``[b, k]``
+    for an array label or ``labelCols``) and the per-row weights (``weightCol``; None: every
+    row weighs 1)."""
+
+    label: torch.Tensor
+    weight: torch.Tensor | None = None
+
+    def to(self, device: torch.device | str) -> Target:
+        """This target on ``device``, without waiting for it."""
+        weight = None if self.weight is None else self.weight.to(device, non_blocking=True)
+        return Target(self.label.to(device, non_blocking=True), weight)
+
+    def scaled(self, factor: float) -> Target:
+        """The weights times ``factor`` (the training rows over their summed weight, so the
+        mean weight is 1 and the loop's per-row averaging gives the weighted mean)."""
+        return self if self.weight is None else Target(self.label, self.weight * factor)
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from sparkdist.launch.barrier import WorkerContext
     from sparkdist.torchtrain.datacheck import PartitionScan
     from sparkdist.torchtrain.feed import SpilledRows
-    from sparkdist.torchtrain.inputs import Inputs
+    from sparkdist.torchtrain.inputs import Inputs, Target
     from sparkdist.torchtrain.spec import TrainSpec
 
 
@@ -75,16 +75,18 @@ def fit_worker(context: WorkerContext, batches: Any, spec: TrainSpec) -> memoryv
 
     from sparkdist.torchtrain.backends import make_backend
     from sparkdist.torchtrain.datacheck import PartitionScan
-    from sparkdist.torchtrain.feed import spill
+    from sparkdist.torchtrain.feed import spill, targets
     from sparkdist.torchtrain.inputs import feed_columns
 
     torch.set_num_threads(max(1, context.cpus))
     reset_peak_rss()
     started = time.perf_counter()
-    dim, fields = spec.model.input_dim, spec.model.inputs
-    scan = PartitionScan(batches, dim, fields)  # the input's checks, in this pass
+    dim, fields, rules = spec.model.input_dim, spec.model.inputs, spec.rules
+    # the input's checks, in this pass
+    scan = PartitionScan(batches, dim, fields, rules.label_width, bool(rules.weight_col))
     train, validation = spill(scan, context.scratch, dim=dim or None,
-                              columns=feed_columns(fields))
+                              columns=feed_columns(fields),
+                              target=targets(rules.label_width, bool(rules.weight_col)))
     spill_seconds = time.perf_counter() - started
     context.log(f"spilled {train.num_rows} training and {validation.num_rows} "
                 f"validation rows in {spill_seconds:.2f} s")
@@ -127,20 +129,26 @@ class _Trainer:
             scan: PartitionScan) -> memoryview | None:
         import torch
 
-        from sparkdist.torchtrain.datacheck import check_stats, combine
+        from sparkdist.torchtrain.datacheck import check_stats, check_training_weight, combine
         from sparkdist.torchtrain.feed import step_sizes
 
         spec, world = self.spec, self.context.world_size
-        # every rank's row counts and input figures, by one all-reduce; every rank applies the
-        # same checks to the same totals, so all of them stop (or go on) together
-        table = self._gather([train.num_rows, validation.num_rows, *scan.figures()]).numpy()
-        check_stats(combine(table[:, 2:], spec.rules.inputs), spec.rules)
+        # every rank's row counts, training weight and input figures, by one all-reduce; every
+        # rank applies the same checks to the same totals, so all of them stop (or go on)
+        # together
+        table = self._gather([train.num_rows, validation.num_rows, train.weight_sum(),
+                              *scan.figures()]).numpy()
+        check_stats(combine(table[:, 3:], spec.rules.inputs), spec.rules)
+        weight = check_training_weight(float(table[:, 2].sum()), spec.rules)
         counts = table[:, :2].astype("int64")
         # batchSize is per worker, as in DDP and Horovod: a step takes batchSize x world rows
         batch = spec.optim.batch_size
         self.steps = max(1, math.ceil(int(counts[:, 0].sum()) / (batch * world)))
         self.global_sizes: Any = sum(step_sizes(int(n), self.steps) for n in counts[:, 0])
         self.rows = (int(counts[:, 0].sum()), int(counts[:, 1].sum()))
+        # weights scaled to a mean of 1 over the training rows: the per-row averaging of
+        # every step then gives the weighted mean (sum of w x loss over the sum of w)
+        self.weight_scale = self.rows[0] / weight
         self.most_validation_rows = int(counts[:, 1].max())
         torch.manual_seed(spec.optim.seed)  # identical initial weights on every rank
         model = spec.model
@@ -274,9 +282,9 @@ class _Trainer:
                                 None)
         step_once = hooks.around_step(self._step, spec.hooks, self.context.rank, clock)
         clock.tick()
-        for step, (features, label) in enumerate(feed, start=first_step):
+        for step, (features, target) in enumerate(feed, start=first_step):
             clock.tock("data")
-            loss = step_once(epoch, step, features, label)
+            loss = step_once(epoch, step, features, target)
             if loss is not None:
                 total += loss
                 clock.tock("compute")
@@ -287,7 +295,7 @@ class _Trainer:
         return float(self.backend.all_reduce_sum(total.cpu())[0]) / max(1, self.rows[0])
 
     def _step(self, epoch: int, step: int, features: Inputs,
-              label: torch.Tensor) -> torch.Tensor | None:
+              target: Target) -> torch.Tensor | None:
         """One training step of the strategy; None for a step no rank has rows for (every
         rank skips it: none waits). Every step reseeds torch from (seed, epoch, step, rank),
         so a resumed step draws what the uninterrupted one drew (dropout)."""
@@ -297,7 +305,7 @@ class _Trainer:
             return None
         torch.manual_seed(resume.step_seed(self.spec.optim.seed, epoch, step, self.context.rank))
         return self.strategy.train_step(self._arguments(features),
-                                        label.to(self.device, non_blocking=True),
+                                        target.scaled(self.weight_scale).to(self.device),
                                         self.context.world_size / float(self.global_sizes[step]),
                                         self.optimizer)
 
@@ -316,21 +324,25 @@ class _Trainer:
 
         self.strategy.module.eval()
         model = self.spec.model
-        sums = torch.zeros(2, dtype=torch.float64, device=self.device)
+        sums = torch.zeros(3, dtype=torch.float64, device=self.device)
         steps = max(1, math.ceil(self.most_validation_rows / self.spec.optim.batch_size))
         classification = task_of_loss(model.loss) == "classification"
         with torch.no_grad():
-            for features, label in validation.batches(0, 0, steps, shuffle=False,
-                                                      dim=model.input_dim or None):
+            for features, target in validation.batches(0, 0, steps, shuffle=False,
+                                                       dim=model.input_dim or None):
                 output = self.strategy.predict(self._arguments(features))
                 if output is None:
                     continue
-                label = label.to(self.device)
-                sums[0] += loss_sum(model.loss_fn, output, label)
+                target = target.to(self.device)
+                sums[0] += loss_sum(model.loss_fn, output, target, model.label_names)
+                if target.weight is not None:
+                    sums[2] += target.weight.sum()
                 if classification:
-                    sums[1] += correct_count(model.loss, output, label)
+                    sums[1] += correct_count(model.loss, output, target.label)
         sums = self.backend.all_reduce_sum(sums.cpu())
-        metrics = {"val_loss": float(sums[0]) / self.rows[1]}
+        # the weighted mean where rows are weighted (accuracy counts rows)
+        weight = float(sums[2]) if self.spec.rules.weight_col else self.rows[1]
+        metrics = {"val_loss": float(sums[0]) / weight if weight else math.nan}
         if classification:
             metrics["val_accuracy"] = float(sums[1]) / self.rows[1]
         return metrics

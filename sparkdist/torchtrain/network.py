@@ -19,6 +19,7 @@ from sparkdist.exceptions import ParamError
 if TYPE_CHECKING:
     import torch
 
+    from sparkdist.torchtrain.inputs import Target
     from sparkdist.torchtrain.spec import InputField
 
 
@@ -163,25 +164,39 @@ def task_of_loss(loss: str) -> str:
     return LOSSES.get(loss, "regression")
 
 
-def loss_sum(loss: Any, output: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
-    """The summed loss over the rows of a batch (the loop does the averaging); ``loss`` is
-    what :func:`resolve_loss` returned."""
+def row_losses(loss: Any, output: torch.Tensor, label: torch.Tensor,
+               label_names: tuple[str, ...] = ()) -> torch.Tensor:
+    """The loss of each row of a batch, ``[rows]``; ``loss`` is what :func:`resolve_loss`
+    returned. An array label (``[rows, k]``) gives each row the mean of its k losses;
+    ``labelCols`` (``label_names``) hand a function the labels by column name."""
     import torch.nn.functional as F
 
+    if label_names:
+        return loss(output, dict(zip(label_names, label.unbind(1))))
     if loss == "cross_entropy":
-        return F.cross_entropy(output, label.long(), reduction="sum")
-    flat = (output.flatten(1) if output.dim() > 1 else output.unsqueeze(1)).squeeze(1)
-    if loss == "bce":
-        return F.binary_cross_entropy_with_logits(flat, label, reduction="sum")
-    if loss == "mse":
-        return F.mse_loss(flat, label, reduction="sum")
-    return loss(output, label).sum()  # a callable giving per-row losses
+        return F.cross_entropy(output, label.long(), reduction="none")
+    if loss not in ("bce", "mse"):
+        return loss(output, label)  # a callable giving per-row losses
+    flat = output.reshape(label.shape)
+    each = F.binary_cross_entropy_with_logits if loss == "bce" else F.mse_loss
+    losses = each(flat, label, reduction="none")
+    return losses.mean(1) if losses.dim() > 1 else losses
+
+
+def loss_sum(loss: Any, output: torch.Tensor, target: Target,
+             label_names: tuple[str, ...] = ()) -> torch.Tensor:
+    """The summed (weighted) loss over the rows of a batch: the loop does the averaging."""
+    losses = row_losses(loss, output, target.label, label_names)
+    return losses.sum() if target.weight is None else (losses * target.weight).sum()
 
 
 def correct_count(loss: str, output: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
+    """Rows predicted right (an array label: the mean share of its values predicted
+    right)."""
     if loss == "cross_entropy":
         return (output.argmax(dim=1) == label.long()).sum()
-    return ((output.reshape(-1) > 0).float() == label).sum()
+    right = ((output.reshape(label.shape) > 0).float() == label).double()
+    return right.mean(1).sum() if right.dim() > 1 else right.sum()
 
 
 def make_optimizer(name: str, parameters: Any, learning_rate: float,

@@ -43,6 +43,8 @@ TRAJECTORY: dict[str, bool] = {
                      "syncEvery", "syncWarmupSteps", "maxStaleness", "gradientCompression",
                      "powerSgdRank", "numWorkers", "inputCols", "inputShapes",
                      "maxSequenceLength"), True),
+    # columns: the data identity of a resume covers what they read
+    **dict.fromkeys(("labelCols", "weightCol"), False),
     **dict.fromkeys(("useGpu", "quantization", "timeoutSeconds", "rendezvousTimeoutSeconds",
                      "progress", "allowUnencrypted", "checkpointEverySteps"), False)}
 
@@ -77,16 +79,18 @@ class HasNetwork(Params):
         self._setDefault(model="sparkdist.torchtrain.nets.MLP", modelKwargs={}, loss="bce")
 
     def _model_spec(self, input_dim: int, num_classes: int,
-                    inputs: tuple[InputField, ...] = ()) -> ModelSpec:
+                    inputs: tuple[InputField, ...] = (), label_width: int = 0,
+                    label_names: tuple[str, ...] = ()) -> ModelSpec:
         """The network resolved to its class and the loss to its function (ParamError for a
-        name that does not resolve)."""
+        name that does not resolve); ``label_width`` outputs for several labels per row."""
         loss = self.getOrDefault("loss")
         return ModelSpec(module=network.resolve_model(self.getOrDefault("model")),
                          module_name=self.getOrDefault("model"),
                          module_kwargs=dict(self.getOrDefault("modelKwargs") or {}),
                          loss=loss, loss_fn=network.resolve_loss(loss), input_dim=input_dim,
-                         output_dim=network.output_width(loss, num_classes),
-                         num_classes=num_classes, inputs=inputs)
+                         output_dim=label_width or network.output_width(loss, num_classes),
+                         num_classes=num_classes, inputs=inputs, label_width=label_width,
+                         label_names=label_names)
 
 
 def _input_cols(value: Any) -> dict[str, str]:
@@ -212,8 +216,19 @@ class HasOptimization(HasSeed):
 
 
 class HasDataRules(HasValidationIndicatorCol):
-    """validationIndicatorCol, validationFraction, nanPolicy and numClasses: which rows
-    validate, and what the data must satisfy (:mod:`sparkdist.torchtrain.datacheck`)."""
+    """validationIndicatorCol, validationFraction, nanPolicy, numClasses, labelCols and
+    weightCol: which rows validate, what the data must satisfy
+    (:mod:`sparkdist.torchtrain.datacheck`), and what the loss is computed against."""
+
+    labelCols: Param[list[str]] = Param(
+        Params._dummy(), "labelCols",
+        "several label columns (instead of labelCol): the loss, a function (output, labels) -> "
+        "per-row losses, gets the labels as a dict by column name",
+        typeConverter=TypeConverters.toListString)
+    weightCol: Param[str] = Param(
+        Params._dummy(), "weightCol",
+        "a column of row weights >= 0: each row's loss is multiplied by its weight and the "
+        "mean is weighted; '' (default) weighs every row 1", typeConverter=TypeConverters.toString)
 
     validationFraction: Param[float] = Param(
         Params._dummy(), "validationFraction",
@@ -228,7 +243,27 @@ class HasDataRules(HasValidationIndicatorCol):
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
-        self._setDefault(validationFraction=0.0, nanPolicy="error", numClasses=0)
+        self._setDefault(validationFraction=0.0, nanPolicy="error", numClasses=0, labelCols=[],
+                         weightCol="")
+
+    def label_source(self) -> str | list[str]:
+        """What the loss is computed against: labelCol, or the list of labelCols; ParamError
+        for labelCols given with labelCol or with a built-in loss (which takes one label)."""
+        columns = list(self.getOrDefault("labelCols"))
+        if not columns:
+            return str(self.getOrDefault("labelCol"))
+        if self.isSet("labelCol"):
+            raise ParamError(f"labelCol={self.getOrDefault('labelCol')!r} and labelCols="
+                             f"{columns} both set; give one label column or several, not both.")
+        if len(set(columns)) != len(columns):
+            raise ParamError(f"labelCols={columns} names a column twice; name each once.")
+        if self.getOrDefault("loss") in network.LOSSES:
+            raise ParamError(f"labelCols={columns} with loss={self.getOrDefault('loss')!r}: "
+                             f"several label columns need a loss function (output, labels) -> "
+                             f"per-row losses, which gets the labels as a dict by column name; "
+                             f"or put the labels in one array column (labelCol) for "
+                             f"'mse'/'bce'.")
+        return columns
 
     def validation_column(self) -> str | None:
         """The boolean column marking validation rows, or None (a hash split, or none)."""
@@ -242,9 +277,12 @@ class HasDataRules(HasValidationIndicatorCol):
         if not 0 <= get("validationFraction") < 1:
             raise ParamError(f"validationFraction={get('validationFraction')}: use a "
                              "fraction in [0, 1).")
-        return DataRules(source=", ".join(source), label_col=get("labelCol"),
+        label = self.label_source()
+        return DataRules(source=", ".join(source),
+                         label_col=", ".join(label) if isinstance(label, list) else label,
                          nan_policy=get("nanPolicy"), batch_size=get("batchSize"),
-                         loss=get("loss"), num_classes=get("numClasses"))
+                         loss=get("loss"), num_classes=get("numClasses"),
+                         weight_col=get("weightCol"))
 
 
 class HasCommunication(Params):

@@ -99,6 +99,8 @@ class ModelSpec:
     output_dim: int
     num_classes: int
     inputs: tuple[InputField, ...] = ()  # typed inputs, by keyword; () one ``features`` x
+    label_width: int = 0  # values per row of an array label or labelCols; 0 one value
+    label_names: tuple[str, ...] = ()  # labelCols: the loss gets the labels by column
 
 
 @dataclass(frozen=True)
@@ -207,6 +209,8 @@ class DataRules:
     loss: str
     num_classes: int
     inputs: tuple[InputField, ...] = ()  # typed inputs (ModelSpec.inputs), checked per column
+    label_width: int = 0  # ModelSpec.label_width: an array label's length, checked per row
+    weight_col: str = ""  # weightCol: weights >= 0, not all 0; "" every row weighs 1
 
     def __post_init__(self) -> None:
         _at_least(0, numClasses=self.num_classes)
@@ -249,6 +253,7 @@ class ScoreSpec:
     use_gpu: Any
     quantization: str = "none"
     inputs: tuple[InputField, ...] = ()  # typed inputs, in the UDF's argument order
+    label_width: int = 0  # outputs per row scored as an array (an array label, labelCols)
 
     def __post_init__(self) -> None:
         _at_least(1, batchSize=self.batch_size)

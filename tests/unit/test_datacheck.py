@@ -12,6 +12,7 @@ import pytest
 
 from sparkdist.exceptions import ParamError, SchemaError
 from sparkdist.launch.attempts import Attempts as _Attempts
+from sparkdist.torchtrain import datacheck
 from sparkdist.torchtrain.datacheck import PartitionScan, check_stats, combine
 from sparkdist.torchtrain.spec import DataRules
 
@@ -38,13 +39,13 @@ def test_a_scan_drops_rows_with_null_nan_or_infinite_values_and_counts_them():
         _batch([[2, 2]], [1.0]))
     assert [batch.num_rows for batch in kept] == [2, 1]
     assert kept[0].column("features").to_pylist() == [[0, 1], [1, 1]]
-    assert figures == [8, 5, 2, 2, 0.0, 1.0, 0]
+    assert figures == [8, 5, 2, 2, 0.0, 1.0, 0, 0, 0]
 
 
 def test_rows_of_another_length_are_not_passed_on_but_counted():
     kept, figures = _scan(_batch([[0, 1], [1, 1, 1]], [1.0, 0.5]))
     assert kept[0].num_rows == 1
-    assert figures[2:4] == [2, 3] and figures[-1] == 1  # lengths 2..3, one fractional label
+    assert figures[2:4] == [2, 3] and figures[6] == 1  # lengths 2..3, one fractional label
 
 
 def test_the_ranks_figures_combine_and_empty_ranks_do_not_count():
@@ -52,7 +53,8 @@ def test_the_ranks_figures_combine_and_empty_ranks_do_not_count():
     _, empty = _scan()
     stats = combine(np.array([first, empty]))
     assert stats == {"rows": 2, "bad_rows": 0, "fractional": 0, "min_dim": 2, "max_dim": 2,
-                     "min_label": 0.0, "max_label": 1.0}
+                     "min_label": 0.0, "max_label": 1.0, "broken_labels": 0,
+                     "negative_weights": 0}
     check_stats(stats, RULES)  # a good input passes
 
 
@@ -92,3 +94,32 @@ def test_an_unknown_error_type_is_an_ordinary_failure():
     attempts.record({"failure": "boom", "attempt": 1, "world_size": 2,
                      "input_error": {"type": "SystemExit", "message": "x"}})
     assert attempts.input_error is None and not attempts.gave_up and attempts.last == "boom"
+
+
+def _targets(labels, weights) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pydict(
+        {"features": [[0.0, 1.0]] * len(labels), "label": labels, "weight": weights},
+        schema=pa.schema([("features", pa.list_(pa.float32())),
+                          ("label", pa.list_(pa.float32())), ("weight", pa.float32())]))
+
+
+def test_array_labels_of_another_length_or_with_a_null_and_negative_weights_are_broken():
+    scan = PartitionScan([_targets([[0, 1], [1], [1, None], [np.nan, 0], [1, 1], [0, 0]],
+                                   [1.0, 1.0, 1.0, 1.0, -2.0, np.nan])], 2, label_width=2,
+                         weighted=True)
+    kept = list(scan)
+    assert kept[0].column("label").to_pylist() == [[0, 1]]
+    figures = dict(zip(datacheck.FIELDS, scan.figures()))
+    # broken: a short array, a null inside, a negative weight; bad: NaN label, NaN weight
+    assert (figures["rows"], figures["bad_rows"]) == (6, 2)
+    assert (figures["broken_labels"], figures["negative_weights"]) == (2, 1)
+    rules = dataclasses.replace(RULES, label_width=2, weight_col="w", nan_policy="drop",
+                                batch_size=1)
+    with pytest.raises(SchemaError, match="labelCol 'label': 2 rows hold a null inside the "
+                                          "array or not 2 values"):
+        check_stats(combine(np.array([scan.figures()])), rules)
+    with pytest.raises(SchemaError, match="weightCol 'w' holds 1 negative weights"):
+        check_stats({**combine(np.array([scan.figures()])), "broken_labels": 0}, rules)
+    with pytest.raises(SchemaError, match="weightCol 'w': the training rows' weights sum to "
+                                          "0.0"):
+        datacheck.check_training_weight(0.0, rules)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from sparkdist.exceptions import SchemaError
-from sparkdist.torchtrain.feed import SpilledRows, spill, step_sizes
+from sparkdist.torchtrain.feed import SpilledRows, spill, step_sizes, targets
 
 DIM = 4
 F32 = pa.float32()
@@ -62,9 +62,10 @@ def test_every_row_comes_back_once_per_epoch(tmp_path, seed, value_type, kind):
     with train:
         for epoch in range(2):
             batches = _epoch(train, seed=seed, epoch=epoch, num_steps=7, device="cpu")
-            assert [len(y) for _, y in batches] == step_sizes(n, 7).tolist()
-            for x, y in batches:
+            assert [len(y.label) for _, y in batches] == step_sizes(n, 7).tolist()
+            for x, (y, weight) in batches:
                 assert x.dtype == y.dtype == torch.float32 and x.shape == (len(y), DIM)
+                assert weight is None
                 assert torch.equal(y, 2 * x[:, 0])  # label travels with its row
                 # int32 input truncates the 0.25 steps; the vector still stays whole
                 expected = _vectors(x[:, 0].numpy(), DIM).astype(value_type.to_pandas_dtype())
@@ -89,7 +90,7 @@ def test_an_empty_partition_still_yields_every_step(tmp_path, seed, batches):
     train, validation = spill(iter(batches), str(tmp_path))
     assert train.num_rows == validation.num_rows == 0 and train.dim is None
     steps = _epoch(train, seed=seed, epoch=0, num_steps=3, dim=5)
-    assert [(tuple(x.shape), tuple(y.shape)) for x, y in steps] == [((0, 5), (0,))] * 3
+    assert [(tuple(x.shape), tuple(y.label.shape)) for x, y in steps] == [((0, 5), (0,))] * 3
     with pytest.raises(ValueError, match="dim="):
         train.batches(seed, 0, 3)
 
@@ -104,7 +105,7 @@ def test_a_known_dim_is_kept_by_an_empty_partition_and_checked(tmp_path, seed):
 
 def test_a_rank_with_few_rows_yields_empty_steps(tmp_path, seed):
     train, _ = spill(iter([_batch([0, 1])]), str(tmp_path))
-    assert [len(y) for _, y in train.batches(seed, 0, num_steps=5)] == [0, 0, 1, 0, 1]
+    assert [len(y.label) for _, y in train.batches(seed, 0, num_steps=5)] == [0, 0, 1, 0, 1]
 
 
 def test_same_seed_and_epoch_give_the_same_batches(tmp_path, seed):
@@ -193,7 +194,7 @@ def test_reading_an_epoch_does_not_load_the_file_into_memory(tmp_path, seed):
     try:
         for _, y in train.batches(seed, 0, num_steps=n // 256):
             arrow_peak = max(arrow_peak, pa.total_allocated_bytes())
-            seen.append(y.numpy().copy())
+            seen.append(y.label.numpy().copy())
         _, python_peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -202,3 +203,24 @@ def test_reading_an_epoch_does_not_load_the_file_into_memory(tmp_path, seed):
     # file is about 25 MiB. The labels kept by the test itself (0.8 MiB) are traced too.
     assert python_peak < file_size / 3
     assert arrow_peak < file_size / 10
+
+
+def test_array_labels_and_weights_travel_with_their_rows(tmp_path, seed):
+    n = 700
+    ids = np.arange(n, dtype=np.float64)
+    batch = pa.RecordBatch.from_pydict({
+        "features": pa.array([[v, v] for v in ids], pa.list_(pa.float32())),
+        "label": pa.array([[v, -v] for v in ids], pa.list_(pa.float32())),
+        "weight": pa.array(ids / n, pa.float64())})
+    train, _ = spill([batch], str(tmp_path / "a"), block_rows=64, target=targets(2, True))
+    with train:
+        assert train.weight_sum() == pytest.approx(ids.sum() / n)
+        for x, (label, weight) in train.batches(seed, 0, num_steps=6):
+            assert label.shape == (len(x), 2) and weight.shape == (len(x),)
+            assert torch.equal(label[:, 0], x[:, 0]) and torch.equal(label[:, 1], -x[:, 0])
+            assert torch.allclose(weight, x[:, 0] / n)
+    empty, _ = spill([], str(tmp_path / "b"), dim=2, target=targets(2, True))
+    with empty:
+        (x, (label, weight)), = empty.batches(seed, 0, num_steps=1)
+        assert (x.shape, label.shape, weight.shape) == ((0, 2), (0, 2), (0,))
+        assert empty.weight_sum() == 0.0

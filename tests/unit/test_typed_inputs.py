@@ -45,7 +45,7 @@ def test_typed_columns_come_back_by_name_with_their_types_shapes_and_masks(tmp_p
     seen = []
     with train:
         assert train.num_rows == 43
-        for batch, label in train.batches(seed=3, epoch=0, num_steps=5):
+        for batch, (label, _) in train.batches(seed=3, epoch=0, num_steps=5):
             args = inputs.arguments(batch, FIELDS)
             assert set(args) == {"user", "image", "tokens", "tokens_mask"}
             assert args["user"].dtype == torch.int64 and args["image"].shape[1:] == (1, 2, 2)

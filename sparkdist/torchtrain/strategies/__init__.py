@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
     from sparkdist.launch.barrier import WorkerContext
     from sparkdist.torchtrain.clock import StepClock
-    from sparkdist.torchtrain.inputs import Inputs
+    from sparkdist.torchtrain.inputs import Inputs, Target
     from sparkdist.torchtrain.spec import TrainSpec
 
 STRATEGIES = ("ddp", "fsdp", "pipeline", "tensor")
@@ -56,7 +56,9 @@ class Supports:
     compressions: tuple[str, ...] = ("none",)
     #: local steps and model averaging (``syncEvery`` > 1, ``maxStaleness`` > 0)
     local_steps: bool = False
-    #: several typed inputs by keyword (``inputCols``), not only one features tensor
+    #: several typed inputs by keyword (``inputCols``), labels of several values per row
+    #: (an array ``labelCol``, ``labelCols``) and row weights (``weightCol``), not only one
+    #: features tensor and one label
     typed_inputs: bool = False
 
 
@@ -72,7 +74,7 @@ class Strategy(Protocol):
 
     def optimizer(self) -> Any: ...
 
-    def train_step(self, features: Inputs, label: torch.Tensor, scale: float,
+    def train_step(self, features: Inputs, target: Target, scale: float,
                    optimizer: Any) -> torch.Tensor: ...
 
     def predict(self, features: Inputs) -> torch.Tensor | None: ...
@@ -143,10 +145,14 @@ def check_compatible(spec: TrainSpec) -> None:
     supports = strategy_module(name).SUPPORTS
     backend = backends.backend_class(comm.backend)  # ParamError: unknown backend
     check_one_of("gradientCompression", comm.gradient_compression, compression.COMPRESSIONS)
-    if spec.model.inputs and not supports.typed_inputs:
-        raise ParamError(f"inputCols (several typed inputs) with strategy={name!r}: this "
-                         f"strategy feeds one features tensor; use strategy='ddp' or 'fsdp', "
-                         f"or assemble the inputs into one vector (featuresCol).")
+    typed = [asked for asked, used in (
+        ("inputCols (several typed inputs)", spec.model.inputs),
+        ("labels of several values (labelCols or an array labelCol)", spec.model.label_width),
+        ("weightCol (row weights)", spec.rules.weight_col)) if used]
+    if typed and not supports.typed_inputs:
+        raise ParamError(f"{typed[0]} with strategy={name!r}: this strategy feeds one "
+                         f"features tensor and one label; use strategy='ddp' or 'fsdp' (or "
+                         f"assemble the inputs into one vector: featuresCol).")
     if comm.backend not in supports.backends:
         raise ParamError(f"strategy={name!r} with backend={comm.backend!r}: {supports.why}; "
                          f"set backend={supports.backends[0]!r}.")

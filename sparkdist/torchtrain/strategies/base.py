@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
     from sparkdist.launch.barrier import WorkerContext
     from sparkdist.torchtrain.clock import StepClock
-    from sparkdist.torchtrain.inputs import Inputs
+    from sparkdist.torchtrain.inputs import Inputs, Target
     from sparkdist.torchtrain.spec import TrainSpec
 
 
@@ -40,17 +40,17 @@ class WholeModel:
         return make_optimizer(optim.optimizer, self.module.parameters(), optim.learning_rate,
                               optim.weight_decay)
 
-    def train_step(self, features: Inputs, label: torch.Tensor, scale: float,
+    def train_step(self, features: Inputs, target: Target, scale: float,
                    optimizer: Any) -> torch.Tensor:
         """Forward, backward (the loss sum times ``scale``) and the optimizer step; returns
         the unscaled loss sum of this rank's rows, detached (zero where a rank computes no
         loss)."""
-        return self._step(self.model, features, label, scale, optimizer)
+        return self._step(self.model, features, target, scale, optimizer)
 
-    def _step(self, model: Any, features: Inputs, label: torch.Tensor, scale: float,
+    def _step(self, model: Any, features: Inputs, target: Target, scale: float,
               optimizer: Any) -> torch.Tensor:
         output = forward(model, features)
-        loss = loss_sum(self.spec.model.loss_fn, output, label)
+        loss = loss_sum(self.spec.model.loss_fn, output, target, self.spec.model.label_names)
         optimizer.zero_grad()
         (loss * scale).backward()
         self.clock.backward_done()

@@ -21,7 +21,7 @@ from sparkdist.torchtrain.strategies.base import WholeModel
 if TYPE_CHECKING:
     import torch
 
-    from sparkdist.torchtrain.inputs import Inputs
+    from sparkdist.torchtrain.inputs import Inputs, Target
     from sparkdist.torchtrain.spec import TrainSpec
 
 SUPPORTS = strategies.Supports(backends=("torch", "horovod"),
@@ -68,21 +68,21 @@ class Strategy(WholeModel):
         return self.backend.wrap_optimizer(super().optimizer(), self.module,
                                            self.spec.comm.gradient_compression)
 
-    def train_step(self, features: Inputs, label: torch.Tensor, scale: float,
+    def train_step(self, features: Inputs, target: Target, scale: float,
                    optimizer: Any) -> torch.Tensor:
         """A DDP step (the warm-up, or always without local steps); else a local step on this
         rank's rows (its own mean gradient), skipped when bounded staleness says so."""
         call, self.calls = self.calls, self.calls + 1
         if self.local is None or call < self.spec.comm.sync_warmup_steps:
-            return self._step(self.model, features, label, scale, optimizer)
+            return self._step(self.model, features, target, scale, optimizer)
         compute = self.local.compute(call)
         if not compute:
             self.clock.skipped()
         rows = rows_of(features)
         if compute and rows:
-            loss = self._step(self.module, features, label, 1.0 / rows, optimizer)
+            loss = self._step(self.module, features, target, 1.0 / rows, optimizer)
         else:
-            loss = label.new_zeros(())
+            loss = target.label.new_zeros(())
         self._dirty = not self.local.after_step(call, compute and rows > 0)
         return loss
 

@@ -49,6 +49,7 @@ from sparkdist.torchtrain.strategies.base import WholeModel
 if TYPE_CHECKING:
     import torch
 
+    from sparkdist.torchtrain.inputs import Target
     from sparkdist.torchtrain.spec import TrainSpec
 
 #: The ``format`` of the training state this strategy puts into checkpoints: an index of one
@@ -159,7 +160,7 @@ class Strategy(WholeModel):
         return self.replica * self.stages + stage
 
     # ------------------------------------------------------------------------- training
-    def train_step(self, features: torch.Tensor, label: torch.Tensor, scale: float,
+    def train_step(self, features: torch.Tensor, target: Target, scale: float,
                    optimizer: Any) -> torch.Tensor:
         """The rounds of this step through the pipeline, then the gradients scaled to the
         mean over the global batch and summed over the replicas; the replica's summed loss
@@ -170,7 +171,7 @@ class Strategy(WholeModel):
         mine = sizes[self.replica * self.stages:(self.replica + 1) * self.stages]
         inputs = self._gather_rows(features.reshape(len(features), self.spec.model.input_dim),
                                    mine, 0)
-        labels = self._gather_rows(label.reshape(-1), mine, self.stages - 1)
+        labels = self._gather_rows(target.label.reshape(-1), mine, self.stages - 1)
         self.clock.tock("communication")  # the batch sizes and the rows to their stages
         optimizer.zero_grad()
         losses: list[torch.Tensor] = []
@@ -199,8 +200,10 @@ class Strategy(WholeModel):
     def _loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """The summed loss of a micro-batch's real rows (``target``: label, weight 1; a
         padding row has weight 0 and is left out, so it adds nothing to the gradient)."""
+        from sparkdist.torchtrain.inputs import Target
+
         keep = target[:, 1] > 0
-        return loss_sum(self.spec.model.loss_fn, output[keep], target[keep, 0])
+        return loss_sum(self.spec.model.loss_fn, output[keep], Target(target[keep, 0]))
 
     def _reduce_gradients(self, factor: float) -> None:
         """Scale this stage's gradients by ``factor`` (1 / rows in the global step) and sum

@@ -36,6 +36,7 @@ from sparkdist.torchtrain.strategies.base import WholeModel
 if TYPE_CHECKING:
     import torch
 
+    from sparkdist.torchtrain.inputs import Target
     from sparkdist.torchtrain.spec import TrainSpec
 
 SUPPORTS = strategies.Supports(
@@ -231,7 +232,7 @@ class Strategy(WholeModel):
         dist.all_gather(parts, padded)
         return torch.cat([part[:n] for part, n in zip(parts, sizes)]), sizes, int(metas[0][1])
 
-    def train_step(self, features: torch.Tensor, label: torch.Tensor, scale: float,
+    def train_step(self, features: torch.Tensor, target: Target, scale: float,
                    optimizer: Any) -> torch.Tensor:
         """One step on the global batch. ``scale`` is ``world / global rows`` (the loop's
         rule for data-parallel ranks, which each hold a slice); here every rank holds the
@@ -239,11 +240,13 @@ class Strategy(WholeModel):
         ``scale / world`` and only rank 0 returns it (the loop sums over ranks)."""
         import torch
 
+        from sparkdist.torchtrain.inputs import Target
+
         self._own_seed = torch.initial_seed()  # the loop's seed for this rank and step
-        rows, _, shared = self._gather(torch.cat([features, label.unsqueeze(1)], dim=1))
+        rows, _, shared = self._gather(torch.cat([features, target.label.unsqueeze(1)], dim=1))
         torch.manual_seed(shared)  # replicated activations draw the same dropout masks
         output = self.model(rows[:, :-1])
-        loss = loss_sum(self.spec.model.loss_fn, output, rows[:, -1])
+        loss = loss_sum(self.spec.model.loss_fn, output, Target(rows[:, -1]))
         optimizer.zero_grad()
         (loss * (scale / self.context.world_size)).backward()
         self.clock.backward_done()
