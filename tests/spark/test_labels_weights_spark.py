@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from pyspark import cloudpickle
+from pyspark.sql import functions as F_sql
 
 from sparkdist.exceptions import ParamError, SchemaError
 from sparkdist.failpoints import arm
@@ -51,6 +52,24 @@ def test_an_array_label_trains_several_outputs_and_scores_them_as_an_array(rows,
     model.write().save(str(tmp_path / "sums"))
     again = TorchModel.load(str(tmp_path / "sums")).transform(rows).select("prediction")
     assert [list(r[0]) for r in again.collect()] == [list(p) for p in scored["prediction"]]
+
+
+def test_a_vector_of_0_1_labels_trains_multi_label_with_each_ones_probability(rows):
+    from pyspark.ml.functions import array_to_vector
+
+    df = rows.withColumn("signs", array_to_vector(F_sql.array(
+        (F_sql.col("x1") > 0).cast("double"), (F_sql.col("x2") > 0).cast("double"))))
+    model = TorchEstimator(labelCol="signs", loss="bce", epochs=15, **COMMON).fit(df)
+    scored = model.transform(df).select("signs", "prediction", "probability",
+                                        "rawPrediction").toPandas()
+    wanted = np.stack(scored["signs"].map(lambda v: v.toArray()))
+    predicted = np.stack(scored["prediction"])
+    probability = np.stack(scored["probability"].map(lambda v: v.toArray()))
+    raw = np.stack(scored["rawPrediction"].map(lambda v: v.toArray()))
+    assert predicted.shape == probability.shape == raw.shape == (512, 2)
+    assert (predicted == wanted).mean() > 0.95
+    np.testing.assert_allclose(probability, 1 / (1 + np.exp(-raw)), rtol=1e-6)
+    assert ((probability > 0.5) == (predicted == 1)).all()
 
 
 def multitask(output: torch.Tensor, labels: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -122,6 +141,8 @@ def per_batch(output: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
     ({"loss": per_batch}, None, ParamError, "returns \\(\\) for 2 rows; return one loss per row"),
     ({"weightCol": "w", "strategy": "tensor"}, None, ParamError,
      "weightCol .* strategy='tensor'"),
+    ({"labelCol": "sums", "strategy": "pipeline", "pipelineStages": 2}, None, ParamError,
+     r"labels of several values \(labelCols or an array labelCol\) with strategy='pipeline'"),
 ])
 def test_bad_labels_and_weights_are_refused_naming_the_column_or_param(rows, params, columns,
                                                                        error, message):
