@@ -371,6 +371,12 @@ class TorchModel(Model, _TorchParams, PersistentModel, _TorchModelAccessors):
     def numClasses(self) -> int:
         return int(self._info.get("num_classes", 0))
 
+    @property
+    def labelWidth(self) -> int:
+        """Values per row of the label it was trained on (an array label, labelCols): its
+        ``prediction`` is an array of them; 0 for one value (a number)."""
+        return int(self._info.get("label_width", 0))
+
     def module(self) -> Any:
         """The trained ``nn.Module`` (in eval mode), for use outside Spark: the network
         ``transform`` scores with, so with ``quantization='int8'`` its Linear layers are
@@ -423,7 +429,7 @@ class TorchModel(Model, _TorchParams, PersistentModel, _TorchModelAccessors):
                          output_dim=int(self._info["output_dim"]), loss=get("loss"),
                          batch_size=get("batchSize"), use_gpu=get("useGpu"),
                          quantization=self._quantization(), inputs=fields,
-                         label_width=int(self._info.get("label_width", 0)))
+                         label_width=self.labelWidth)
         predict = inference.predict_udf(spec, self.task)
         scored = dataset.withColumn("__sparkdist_out", predict(*columns))
         return self._output_columns(scored).drop("__sparkdist_out")

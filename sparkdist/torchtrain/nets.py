@@ -127,31 +127,44 @@ class SequenceClassifier(nn.Module):
 class ClickModel(nn.Module):
     """A DLRM-style click model: a bottom MLP on the dense features, one embedding per
     categorical feature (``len(tables)`` ids per row, each below its table's size), the pairwise
-    dot products of all those vectors, and a top MLP to one logit. The declared table size
-    (``embedding_sizes``) is the smallest table's: an id is refused where it would overrun a
-    table of that size.
+    dot products of all those vectors (:class:`ClickInteractions`), and a top MLP to one logit.
+    The declared table size (``embedding_sizes``) is the smallest table's: an id is refused
+    where it would overrun a table of that size. Its forward is its two children in order, the
+    first taking the typed inputs: ``strategy="pipeline"`` can split it.
 
     >>> net = ClickModel(dense=3, tables=[10, 20], dim=4)
     >>> net(torch.zeros(2, 3), torch.tensor([[1, 19], [9, 0]])).shape
     torch.Size([2, 1])
     """
 
-    offsets: torch.Tensor  # where each feature's rows start in the one table
-
     def __init__(self, dense: int = 13, tables: Sequence[int] = (100_000,) * 26,
                  dim: int = 16, hidden: Sequence[int] = (64, 32)) -> None:
         super().__init__()
         self.embedding_sizes = {"ids": min(tables)}
+        self.interactions = ClickInteractions(dense, tables, dim)
+        vectors = len(tables) + 1
+        self.top = MLP(input_dim=dim + vectors * (vectors - 1) // 2, output_dim=1, hidden=hidden)
+
+    def forward(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        return self.top(self.interactions(dense, ids))
+
+
+class ClickInteractions(nn.Module):
+    """The bottom of :class:`ClickModel`: the dense features' vector and the pairwise dot
+    products of it and the ids' embeddings (all tables in one, each feature at its offset)."""
+
+    offsets: torch.Tensor  # where each feature's rows start in the one table
+
+    def __init__(self, dense: int, tables: Sequence[int], dim: int) -> None:
+        super().__init__()
         offsets = torch.tensor([0, *tables[:-1]]).cumsum(0)
         self.register_buffer("offsets", offsets, persistent=False)
         self.table = nn.Embedding(int(sum(tables)), dim)
         nn.init.normal_(self.table.weight, std=0.05)
         self.bottom = nn.Sequential(nn.Linear(dense, 2 * dim), nn.ReLU(), nn.Linear(2 * dim, dim))
-        vectors = len(tables) + 1
-        self.top = MLP(input_dim=dim + vectors * (vectors - 1) // 2, output_dim=1, hidden=hidden)
 
     def forward(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         vectors = torch.cat([self.bottom(dense).unsqueeze(1), self.table(ids + self.offsets)], 1)
         pairs = torch.triu_indices(vectors.shape[1], vectors.shape[1], 1, device=ids.device)
         products = torch.bmm(vectors, vectors.transpose(1, 2))[:, pairs[0], pairs[1]]
-        return self.top(torch.cat([vectors[:, 0], products], 1))
+        return torch.cat([vectors[:, 0], products], 1)

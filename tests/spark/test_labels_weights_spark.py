@@ -12,9 +12,12 @@ import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
+from mlflow.types import DataType
+from mlflow.types.schema import Array
 from pyspark import cloudpickle
 from pyspark.sql import functions as F_sql
 
+from sparkdist import tracking
 from sparkdist.exceptions import ParamError, SchemaError
 from sparkdist.failpoints import arm
 from sparkdist.models import TorchEstimator, TorchModel
@@ -49,6 +52,8 @@ def test_an_array_label_trains_several_outputs_and_scores_them_as_an_array(rows,
     scored = model.transform(rows).select("sums", "prediction").toPandas()
     predicted, wanted = np.stack(scored["prediction"]), np.stack(scored["sums"])
     assert predicted.shape == (512, 2) and np.abs(predicted - wanted).mean() < 0.1
+    (output,) = tracking._signature(model).outputs.inputs  # MLflow's signature says so too
+    assert model.labelWidth == 2 and output.type == Array(DataType.double)
     model.write().save(str(tmp_path / "sums"))
     again = TorchModel.load(str(tmp_path / "sums")).transform(rows).select("prediction")
     assert [list(r[0]) for r in again.collect()] == [list(p) for p in scored["prediction"]]
@@ -95,6 +100,8 @@ def test_weights_weigh_the_mean_a_constant_weight_changes_nothing(rows):
     weighted = TorchEstimator(weightCol="w", **settings).fit(rows)
     plain = TorchEstimator(**settings).fit(rows)
     assert abs(_mean_prediction(weighted, rows) - 0.25) < 0.03
+    sharded = TorchEstimator(weightCol="w", strategy="fsdp", **settings).fit(rows)
+    assert abs(_mean_prediction(sharded, rows) - 0.25) < 0.03
     assert abs(_mean_prediction(plain, rows) - 0.5) < 0.03
     assert abs(weighted.history[-1]["loss"] - 0.1875) < 0.01  # 3/4 x 1/16 + 1/4 x 9/16
     ones = TorchEstimator(weightCol="one", **settings).fit(rows.selectExpr("*", "1.0 AS one"))
@@ -141,8 +148,8 @@ def per_batch(output: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
     ({"loss": per_batch}, None, ParamError, "returns \\(\\) for 2 rows; return one loss per row"),
     ({"weightCol": "w", "strategy": "tensor"}, None, ParamError,
      "weightCol .* strategy='tensor'"),
-    ({"labelCol": "sums", "strategy": "pipeline", "pipelineStages": 2}, None, ParamError,
-     r"labels of several values \(labelCols or an array labelCol\) with strategy='pipeline'"),
+    ({"labelCol": "sums", "strategy": "tensor"}, None, ParamError,
+     r"labels of several values \(labelCols or an array labelCol\) with strategy='tensor'"),
 ])
 def test_bad_labels_and_weights_are_refused_naming_the_column_or_param(rows, params, columns,
                                                                        error, message):

@@ -157,6 +157,68 @@ def test_a_dlrm_style_click_model_takes_dense_features_and_hashed_ids(spark, tmp
     assert (int8.prediction == float32.prediction).mean() >= 0.95
 
 
+# --------------------------------------------------------------------------- pipeline
+class Pooled(torch.nn.Module):
+    """The first child of :class:`Chained`: the mean embedding of a row's real tokens next to
+    its user's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tokens, self.users = torch.nn.Embedding(20, 8), torch.nn.Embedding(50, 8)
+
+    def forward(self, user: torch.Tensor, words: torch.Tensor,
+                words_mask: torch.Tensor) -> torch.Tensor:
+        mask = words_mask.unsqueeze(-1).float()
+        pooled = (self.tokens(words) * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+        return torch.cat([pooled, self.users(user)], 1)
+
+
+class Chained(torch.nn.Module):
+    """Typed inputs into a chain of children, the first taking them: pipeline-splittable."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = Pooled()
+        self.hidden = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU())
+        self.out = torch.nn.Linear(16, 2)
+
+    def forward(self, user: torch.Tensor, words: torch.Tensor,
+                words_mask: torch.Tensor) -> torch.Tensor:
+        return self.out(self.hidden(self.embed(user, words, words_mask)))
+
+
+def test_the_pipeline_feeds_typed_inputs_to_its_first_stage_and_takes_ddps_steps(spark):
+    """Ids and variable-length sequences in, an array label and row weights out: 2 stages
+    take plain SGD's steps as ddp does, to float rounding."""
+    rng = np.random.default_rng(6)
+    words = [rng.integers(1, 20, rng.integers(1, 9)).tolist() for _ in range(600)]
+    frame = pd.DataFrame({"user": rng.integers(0, 50, 600), "words": words,
+                          "targets": [[float(7 in w), len(w) / 8] for w in words],
+                          "w": rng.uniform(0.5, 2.0, 600)})
+    df = spark.createDataFrame(frame).repartition(2)
+    settings = {**COMMON, "model": Chained, "inputCols": {"user": "user", "words": "words"},
+                "maxSequenceLength": 12, "labelCol": "targets", "loss": "mse",
+                "weightCol": "w", "optimizer": "sgd", "learningRate": 0.1, "epochs": 2,
+                "batchSize": 32}
+    ddp = TorchEstimator(**settings).fit(df)
+    pipeline = TorchEstimator(strategy="pipeline", pipelineStages=2, microBatches=2,
+                              **settings).fit(df)
+    assert pipeline.trainingSummary["strategy"] == "pipeline"
+    assert pipeline.history[-1]["loss"] == pytest.approx(ddp.history[-1]["loss"], rel=1e-5)
+    assert pipeline.history[-1]["loss"] < 0.8 * pipeline.history[0]["loss"]
+    first, second = ddp.module().state_dict(), pipeline.module().state_dict()
+    assert max(float((first[k] - second[k]).abs().max()) for k in first) < 1e-5
+
+
+def test_a_typed_network_whose_forward_is_no_chain_is_refused_by_the_pipeline(sequences):
+    train, _ = sequences
+    with pytest.raises(ParamError, match="the first taking the typed inputs of inputCols"):
+        TorchEstimator(model=nets.SequenceClassifier, inputCols={"tokens": "words"},
+                       modelKwargs={"vocab": 20, "dim": 8, "heads": 2, "layers": 1},
+                       strategy="pipeline", pipelineStages=2, loss="cross_entropy",
+                       **COMMON).fit(train)
+
+
 # ---------------------------------------------------------------------------- bad input
 @pytest.fixture(scope="module")
 def tiny(spark):
@@ -182,8 +244,7 @@ def _fit(df, **params):
     ({"inputShapes": {"items": [2]}}, ParamError, r"inputShapes names \['items'\]"),
     ({"modelKwargs": {"num_users": 3, "num_items": 10}}, SchemaError,
      r"id 3, but the network's table for 'user' has 3 rows"),
-    ({"strategy": "pipeline", "pipelineStages": 2}, ParamError,
-     "inputCols .* strategy='pipeline'"),
+    ({"strategy": "tensor"}, ParamError, "inputCols .* strategy='tensor'"),
     ({"featureCols": ["user"]}, ParamError, "inputCols and featureCols both set"),
     ({"inputShapes": {"user": [2]}}, ParamError,
      r"inputShapes\['user'\]=\[2\], but inputCols\['user'\] .* one number per row"),

@@ -16,6 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from sparkdist.torchtrain.clock import StepClock  # noqa: E402
+from sparkdist.torchtrain.inputs import Target  # noqa: E402
 from sparkdist.torchtrain.nets import MLP  # noqa: E402
 from sparkdist.torchtrain.network import loss_sum  # noqa: E402
 
@@ -77,7 +78,7 @@ def _strategy(rank, world, args):
 def _train(strategy, optimizer, rank, world, sizes, first_step=0):
     for step, row in enumerate(sizes, start=first_step):
         features, label = _rows(step, rank, row[rank])
-        strategy.train_step(features, label, world / sum(row), optimizer)
+        strategy.train_step(features, Target(label), world / sum(row), optimizer)
 
 
 def _job_gradients(rank, world, out):
@@ -86,7 +87,7 @@ def _job_gradients(rank, world, out):
     for schedule in ("gpipe", "1f1b"):
         strategy, optimizer = _strategy(rank, world, _args(2, 4, schedule, "sgd"))
         features, label = _rows(0, rank, 5 + 4 * rank)
-        loss = strategy.train_step(features, label, world / 14, optimizer)
+        loss = strategy.train_step(features, Target(label), world / 14, optimizer)
         result[schedule] = {"loss": loss, "grads": {
             name: p.grad.clone() for name, p in strategy.module.named_parameters()}}
     return result
@@ -151,7 +152,7 @@ def _reference(sizes, optimizer_name="adam", steps=None):
         parts = [_rows(step, rank, n) for rank, n in enumerate(row)]
         features, label = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
         optimizer.zero_grad()
-        (loss_sum("cross_entropy", net(features), label) / len(label)).backward()
+        (loss_sum("cross_entropy", net(features), Target(label)) / len(label)).backward()
         if steps is None or step < steps:
             optimizer.step()
     return net
@@ -168,7 +169,7 @@ def test_micro_batches_give_the_full_batchs_gradients_with_gpipe_and_1f1b(out):
     net = _model()
     parts = [_rows(0, rank, 5 + 4 * rank) for rank in range(2)]
     features, label = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
-    full = loss_sum("cross_entropy", net(features), label)
+    full = loss_sum("cross_entropy", net(features), Target(label))
     (full / len(label)).backward()
     expected = {name: p.grad for name, p in net.named_parameters()}
     for schedule in ("gpipe", "1f1b"):

@@ -43,13 +43,13 @@ from typing import TYPE_CHECKING, Any
 
 from sparkdist.exceptions import ParamError, TrainingError
 from sparkdist.torchtrain import strategies
-from sparkdist.torchtrain.network import loss_sum
+from sparkdist.torchtrain.network import dummy_inputs, forward, loss_sum, rows_of
 from sparkdist.torchtrain.strategies.base import WholeModel
 
 if TYPE_CHECKING:
     import torch
 
-    from sparkdist.torchtrain.inputs import Target
+    from sparkdist.torchtrain.inputs import Inputs, Target
     from sparkdist.torchtrain.spec import TrainSpec
 
 #: The ``format`` of the training state this strategy puts into checkpoints: an index of one
@@ -58,7 +58,7 @@ FORMAT = "pipeline-stage-files"
 
 SUPPORTS = strategies.Supports(
     backends=("torch",), why="the pipeline runs on torch.distributed (its pipelining module), "
-    "which Horovod does not provide")
+    "which Horovod does not provide", typed_inputs=True)
 
 
 def usable(spec: TrainSpec) -> Any:
@@ -88,7 +88,7 @@ def check(spec: TrainSpec, module: torch.nn.Module) -> None:
                          f"microBatches={chosen.micro_batches} for {stages} stages: raise "
                          f"microBatches to {stages} or more, or use pipelineSchedule='gpipe'.")
     pipeline_split.split_plan(module, stages, list(chosen.pipeline_split_points))
-    pipeline_split.check_sequential(module, spec.model.input_dim)
+    pipeline_split.check_sequential(module, spec.model.input_dim, spec.model.inputs)
 
 
 def rows_per_round(stages: int, batch_size: int, micro_batches: int) -> int:
@@ -114,7 +114,7 @@ class Strategy(WholeModel):
         plan = pipeline_split.split_plan(module, self.stages,
                                          list(chosen.pipeline_split_points))
         self.all_names = [name for name, _ in module.named_parameters()]
-        self.tail, self.out_dtype = _output_shape(module, self.spec.model.input_dim)
+        self.tail, self.out_dtype = _output_shape(module, self.spec)
         self.pipe_group, self.dp_group = self._groups()
         self.module = self.model = pipeline_split.stage_module(module, plan,
                                                                self.stage).to(self.device)
@@ -160,18 +160,17 @@ class Strategy(WholeModel):
         return self.replica * self.stages + stage
 
     # ------------------------------------------------------------------------- training
-    def train_step(self, features: torch.Tensor, target: Target, scale: float,
+    def train_step(self, features: Inputs, target: Target, scale: float,
                    optimizer: Any) -> torch.Tensor:
         """The rounds of this step through the pipeline, then the gradients scaled to the
         mean over the global batch and summed over the replicas; the replica's summed loss
         on its last stage (zero elsewhere)."""
         import torch
 
-        sizes = self._sizes(len(features))
+        sizes = self._sizes(rows_of(features))
         mine = sizes[self.replica * self.stages:(self.replica + 1) * self.stages]
-        inputs = self._gather_rows(features.reshape(len(features), self.spec.model.input_dim),
-                                   mine, 0)
-        labels = self._gather_rows(target.label.reshape(-1), mine, self.stages - 1)
+        inputs = self._gather_inputs(features, mine)
+        labels = self._gather_rows(_packed(target), mine, self.stages - 1)
         self.clock.tock("communication")  # the batch sizes and the rows to their stages
         optimizer.zero_grad()
         losses: list[torch.Tensor] = []
@@ -185,25 +184,40 @@ class Strategy(WholeModel):
             return torch.zeros((), dtype=torch.float64, device=self.device)
         return torch.stack(losses).sum().detach().double()
 
-    def _train_round(self, inputs: torch.Tensor | None, labels: torch.Tensor | None,
+    def _train_round(self, inputs: Inputs | None, labels: torch.Tensor | None,
                      start: int) -> list[torch.Tensor]:
-        args = (self._padded(inputs, start),) if self.first else ()
+        args, kwargs = self._round_inputs(inputs, start)
         if not self.last:
-            self.schedule.step(*args, return_outputs=False)
+            self.schedule.step(*args, return_outputs=False, **kwargs)
             return []
         losses: list[torch.Tensor] = []
         assert labels is not None  # the last stage gathered them
-        self.schedule.step(*args, target=self._target(labels, start), losses=losses,
-                           return_outputs=False)
+        self.schedule.step(*args, target=self._padded(labels, start), losses=losses,
+                           return_outputs=False, **kwargs)
         return losses
 
+    def _round_inputs(self, inputs: Inputs | None, start: int) -> tuple[tuple[Any, ...],
+                                                                         dict[str, Any]]:
+        """One round's inputs for the first stage: one tensor, or the typed inputs by
+        keyword (none on the other stages)."""
+        if not self.first:
+            return (), {}
+        if isinstance(inputs, dict):
+            return (), {name: self._padded(rows, start) for name, rows in inputs.items()}
+        return (self._padded(inputs, start),), {}
+
     def _loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """The summed loss of a micro-batch's real rows (``target``: label, weight 1; a
-        padding row has weight 0 and is left out, so it adds nothing to the gradient)."""
+        """The summed loss of a micro-batch's real rows (``target``: the label values, then
+        the row's weight: 1, or ``weightCol``'s; a padding row has weight 0 and is left out,
+        so it adds nothing to the gradient)."""
         from sparkdist.torchtrain.inputs import Target
 
-        keep = target[:, 1] > 0
-        return loss_sum(self.spec.model.loss_fn, output[keep], Target(target[keep, 0]))
+        model, weighted = self.spec.model, bool(self.spec.rules.weight_col)
+        keep = target[:, -1] > 0
+        label = target[keep, :-1] if model.label_width else target[keep, 0]
+        return loss_sum(model.loss_fn, output[keep],
+                        Target(label, target[keep, -1] if weighted else None),
+                        model.label_names)
 
     def _reduce_gradients(self, factor: float) -> None:
         """Scale this stage's gradients by ``factor`` (1 / rows in the global step) and sum
@@ -225,20 +239,19 @@ class Strategy(WholeModel):
             offset += grad.numel()
 
     # ---------------------------------------------------------------------- evaluation
-    def predict(self, features: torch.Tensor) -> torch.Tensor | None:
+    def predict(self, features: Inputs) -> torch.Tensor | None:
         """This rank's own rows through the pipeline: the replica's rows go in at its first
         stage, and the last stage hands each rank the outputs of its rows, so the loop's
         metrics count every validation row once (None where a rank has no rows)."""
         import torch
 
-        sizes = self._sizes(len(features))
+        sizes = self._sizes(rows_of(features))
         mine = sizes[self.replica * self.stages:(self.replica + 1) * self.stages]
-        inputs = self._gather_rows(features.reshape(len(features), self.spec.model.input_dim),
-                                   mine, 0)
+        inputs = self._gather_inputs(features, mine)
         outputs = []
         for start in range(0, self._rounds(sizes) * self.rows, self.rows):
-            args = (self._padded(inputs, start),) if self.first else ()
-            output = self.forward_only.step(*args)
+            args, kwargs = self._round_inputs(inputs, start)
+            output = self.forward_only.step(*args, **kwargs)
             if self.last:
                 outputs.append(output)
         merged = torch.cat(outputs)[:sum(mine)] if self.last and outputs else None
@@ -258,6 +271,19 @@ class Strategy(WholeModel):
         most = max(sum(sizes[r * self.stages:(r + 1) * self.stages])
                    for r in range(self.replicas))
         return math.ceil(most / self.rows)
+
+    def _gather_inputs(self, features: Inputs, mine: list[int]) -> Inputs | None:
+        """The replica's inputs on its first stage (None on the others): one features
+        tensor, or each typed input, a sequence (and its mask) padded to ``max_length`` so
+        that every round has the same shape."""
+        model = self.spec.model
+        if not isinstance(features, dict):
+            return self._gather_rows(features.reshape(len(features), model.input_dim), mine, 0)
+        longest = {name: field.max_length for field in model.inputs if field.sequence
+                   for name in (field.arg, f"{field.arg}_mask")}
+        gathered = {name: self._gather_rows(_widened(rows, longest.get(name, 0)), mine, 0)
+                    for name, rows in features.items()}
+        return gathered if self.first else None
 
     def _gather_rows(self, rows: torch.Tensor, mine: list[int],
                      stage: int) -> torch.Tensor | None:
@@ -311,16 +337,6 @@ class Strategy(WholeModel):
         """One round's inputs: ``rows[start:start + rows_per_round]`` padded with zero rows."""
         assert rows is not None  # the first stage gathered them
         return self._pad(rows[start:start + self.rows], self.rows)
-
-    def _target(self, labels: torch.Tensor, start: int) -> torch.Tensor:
-        """One round's labels and row weights (1 for a real row, 0 for padding)."""
-        import torch
-
-        part = labels[start:start + self.rows]
-        target = torch.zeros((self.rows, 2), dtype=torch.float32, device=self.device)
-        target[:len(part), 0] = part
-        target[:len(part), 1] = 1.0
-        return target
 
     # ------------------------------------------------------------------ state and checkpoints
     def full_state(self) -> dict[str, Any] | None:
@@ -497,7 +513,7 @@ def _cpu(state_dict: dict[str, Any]) -> dict[str, Any]:
     return {name: value.detach().cpu().clone() for name, value in state_dict.items()}
 
 
-def _output_shape(module: torch.nn.Module, input_dim: int) -> tuple[tuple[int, ...], Any]:
+def _output_shape(module: torch.nn.Module, spec: TrainSpec) -> tuple[tuple[int, ...], Any]:
     """The shape of one row's output and its dtype (from two rows of zeros, in eval mode):
     what the ranks before the last stage receive their rows' outputs into."""
     import torch
@@ -506,7 +522,29 @@ def _output_shape(module: torch.nn.Module, input_dim: int) -> tuple[tuple[int, .
     module.eval()
     try:
         with torch.no_grad():
-            output = module(torch.zeros(2, input_dim))
+            output = forward(module, dummy_inputs(spec.model.input_dim, spec.model.inputs))
     finally:
         module.train(was_training)
     return tuple(output.shape[1:]), output.dtype
+
+
+def _packed(target: Target) -> torch.Tensor:
+    """A step's labels and row weights as one float32 ``[rows, values + 1]`` tensor (the
+    weight last: 1 where rows are unweighted, 0 marks a padding row), to gather on the last
+    stage."""
+    import torch
+
+    label = target.label if target.label.dim() > 1 else target.label.unsqueeze(1)
+    weight = torch.ones_like(label[:, :1]) if target.weight is None else \
+        target.weight.unsqueeze(1)
+    return torch.cat([label, weight.to(label.dtype)], 1)
+
+
+def _widened(rows: torch.Tensor, length: int) -> torch.Tensor:
+    """A padded sequence (or its mask) padded on the right to ``length`` (0 or False); any
+    other input as it is."""
+    import torch.nn.functional as F
+
+    if not length or rows.shape[1] >= length:
+        return rows
+    return F.pad(rows, (0, length - rows.shape[1]))

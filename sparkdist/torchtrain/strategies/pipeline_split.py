@@ -4,6 +4,8 @@ driver checked.
 
 The pipeline runs the model's top-level children one after another. A model whose only child
 holds children of its own (``MLP.layers``, an ``nn.Sequential``) is split through that child.
+With typed inputs (``inputCols``) the first child takes them, by keyword, as the model's
+``forward`` does, and hands the next child one tensor.
 A stage is a module holding its children under their original names, nested under the same
 path, so its ``state_dict`` keys (and parameter names) are the whole model's: the stages'
 state dicts merge back into the model's, and a checkpoint keyed by those names loads into any
@@ -22,15 +24,34 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
 from sparkdist.exceptions import ParamError
-from sparkdist.torchtrain import strategies
+from sparkdist.torchtrain import network, strategies
+from sparkdist.torchtrain.spec import InputField
 
 _NEEDS_SEQUENCE = ("strategy='pipeline' needs a model whose forward runs its top-level "
                    "children in order")
+_TYPED = " (the first taking the typed inputs of inputCols by keyword)"
+
+
+def _sample(input_dim: int, fields: tuple[InputField, ...]) -> torch.Tensor | dict[str, Any]:
+    """Four rows of random input: floats from a seeded normal, ids 0, sequences 3 long."""
+    generator = torch.Generator().manual_seed(0)
+    if not fields:
+        return torch.randn(4, input_dim, generator=generator)
+    sample = network.dummy_inputs(input_dim, fields, rows=4)
+    for field in fields:
+        if field.sequence:
+            sample[field.arg] = torch.zeros(4, 3, dtype=torch.int64)
+            if field.mask:
+                sample[f"{field.arg}_mask"] = torch.ones(4, 3, dtype=torch.bool)
+        elif field.dtype == "float32":
+            sample[field.arg] = torch.randn(sample[field.arg].shape, generator=generator)
+    return sample
 
 
 @dataclass(frozen=True)
@@ -234,39 +255,54 @@ class Wrapper(nn.Module):
         self.child_name = name
         self.add_module(name, child)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._modules[self.child_name](x)  # type: ignore[misc]
+    def forward(self, *args: torch.Tensor, **kwargs: torch.Tensor) -> torch.Tensor:
+        return self._modules[self.child_name](*args, **kwargs)  # type: ignore[misc]
+
+
+class Chain(nn.Sequential):
+    """Children run in order; the first takes the stage's inputs as they come (one tensor, or
+    the typed inputs by keyword on the first stage)."""
+
+    def forward(self, *args: torch.Tensor, **kwargs: torch.Tensor) -> torch.Tensor:
+        return run_chain(list(self), args, kwargs)
+
+
+def run_chain(children: list[nn.Module], args: tuple[torch.Tensor, ...],
+              kwargs: dict[str, torch.Tensor]) -> torch.Tensor:
+    value = children[0](*args, **kwargs)
+    for child in children[1:]:
+        value = child(value)
+    return value
 
 
 def stage_module(module: nn.Module, plan: SplitPlan, stage: int) -> nn.Module:
-    """Stage ``stage`` of ``module``: its children (the same objects, not copies) in an
-    ``nn.Sequential`` keyed by their original names, nested under the model's path."""
+    """Stage ``stage`` of ``module``: its children (the same objects, not copies) in a
+    :class:`Chain` keyed by their original names, nested under the model's path."""
     chosen = dict(splittable(module)[1])
-    body: nn.Module = nn.Sequential(OrderedDict((name, chosen[name])
-                                                for name in plan.groups[stage]))
+    body: nn.Module = Chain(OrderedDict((name, chosen[name]) for name in plan.groups[stage]))
     for name in reversed(plan.path):
         body = Wrapper(name, body)
     return body
 
 
-def check_sequential(module: nn.Module, input_dim: int) -> None:
+def check_sequential(module: nn.Module, input_dim: int,
+                     fields: tuple[InputField, ...] = ()) -> None:
     """ParamError unless the model's output equals its children run in order on a random
     input (the pipeline runs exactly that)."""
     _, children = splittable(module)
-    generator = torch.Generator().manual_seed(0)
-    sample = torch.randn(4, input_dim, generator=generator)
+    sample = _sample(input_dim, fields)
+    args, kwargs = ((), sample) if isinstance(sample, dict) else ((sample,), {})
     was_training = module.training
     module.eval()
     try:
         with torch.no_grad():
-            expected = module(sample)
-            value = sample
-            for _, child in children:
-                value = child(value)
+            expected = network.forward(module, sample)
+            value = run_chain([child for _, child in children], args, kwargs)
     except Exception as err:
-        raise ParamError(f"{_NEEDS_SEQUENCE}; running them in order fails on input of shape "
-                         f"(4, {input_dim}): {type(err).__name__}: {err}. Make the forward a "
-                         f"chain of children (nn.Sequential), or use strategy='ddp'.") from err
+        raise ParamError(f"{_NEEDS_SEQUENCE}{_TYPED * bool(fields)}; running them in order "
+                         f"fails on input of shape ({network.describe_inputs(sample)}): "
+                         f"{type(err).__name__}: {err}. Make the forward a chain of children "
+                         f"(nn.Sequential), or use strategy='ddp'.") from err
     finally:
         module.train(was_training)
     if not (isinstance(expected, torch.Tensor) and isinstance(value, torch.Tensor)
