@@ -170,6 +170,10 @@ class _TorchEstimatorOwn(Params):
         """Gets the value of :py:attr:`epochs` or its default value."""
         return self.getOrDefault("epochs")
 
+    def getFreeze(self) -> list[str]:
+        """Gets the value of :py:attr:`freeze` or its default value."""
+        return self.getOrDefault("freeze")
+
     def getFsdpWrap(self) -> list[str]:
         """Gets the value of :py:attr:`fsdpWrap` or its default value."""
         return self.getOrDefault("fsdpWrap")
@@ -177,6 +181,10 @@ class _TorchEstimatorOwn(Params):
     def getGradientCompression(self) -> str:
         """Gets the value of :py:attr:`gradientCompression` or its default value."""
         return self.getOrDefault("gradientCompression")
+
+    def getInitialWeights(self) -> str:
+        """Gets the value of :py:attr:`initialWeights` or its default value."""
+        return self.getOrDefault("initialWeights")
 
     def getKeepCheckpoints(self) -> int:
         """Gets the value of :py:attr:`keepCheckpoints` or its default value."""
@@ -325,6 +333,12 @@ class _TorchEstimatorOwn(Params):
         """Sets the value of :py:attr:`epochs`: passes over the data, >= 1."""
         return self._set(epochs=value)
 
+    def setFreeze(self: _S, value: list[str]) -> _S:
+        """Sets the value of :py:attr:`freeze`: parameter or module name patterns (fnmatch:
+        ['embed', 'encoder.*']) whose parameters keep their initial values: no gradient, optimizer
+        state or all-reduce traffic."""
+        return self._set(freeze=value)
+
     def setFsdpWrap(self: _S, value: list[str]) -> _S:
         """Sets the value of :py:attr:`fsdpWrap`: fsdp: names of the module classes sharded as units
         of their own (e.g. ['TransformerBlock']); empty: each top-level child."""
@@ -334,6 +348,12 @@ class _TorchEstimatorOwn(Params):
         """Sets the value of :py:attr:`gradientCompression`: gradients sent as 'none' (float32),
         'fp16', 'bf16' or 'powersgd'."""
         return self._set(gradientCompression=value)
+
+    def setInitialWeights(self: _S, value: str) -> _S:
+        """Sets the value of :py:attr:`initialWeights`: the weights the fit starts from: a saved
+        TorchModel's directory or a torch.save'd state-dict file, at any store URL, loaded with
+        weights_only=True (never unpickled); '' (default): the network's own initialisation."""
+        return self._set(initialWeights=value)
 
     def setKeepCheckpoints(self: _S, value: int) -> _S:
         """Sets the value of :py:attr:`keepCheckpoints`: newest checkpoints kept per run, >= 1."""
@@ -508,7 +528,8 @@ class _TorchEstimatorInit(Params):
         checkpointEvery: int | None = None, checkpointEverySteps: int | None = None,
         earlyStoppingPatience: int | None = None, epochs: int | None = None,
         featureCols: list[str] | None = None, featuresCol: str | None = None,
-        fsdpWrap: list[str] | None = None, gradientCompression: str | None = None,
+        freeze: list[str] | None = None, fsdpWrap: list[str] | None = None,
+        gradientCompression: str | None = None, initialWeights: str | None = None,
         inputCols: Any = None, inputShapes: Any = None, keepCheckpoints: int | None = None,
         labelCol: str | None = None, labelCols: list[str] | None = None,
         learningRate: float | None = None, loss: Any = None, maxRetries: int | None = None,

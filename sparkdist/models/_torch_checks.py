@@ -22,7 +22,7 @@ from pyspark.sql.types import ArrayType, BooleanType, IntegralType, NumericType,
 from sparkdist.columns import col, empty_data_error, require_columns, require_numeric
 from sparkdist.exceptions import ModelLoadError, ParamError, SchemaError
 from sparkdist.models._recovery import content_hash
-from sparkdist.torchtrain import datacheck, network, strategies
+from sparkdist.torchtrain import datacheck, finetune, network, strategies
 from sparkdist.torchtrain.spec import DataRules, InputField, TrainSpec
 
 _INDEX_STRINGS = "index string labels with FeatureAssembler(labelCol=...) or cast to double."
@@ -259,6 +259,12 @@ def check_model(spec: TrainSpec) -> TrainSpec:
     try:
         module = network.build_module(model.module, model.module_kwargs, model.input_dim,
                                       model.output_dim)
+    except Exception as err:
+        raise ParamError(f"model={model.module_name!r} with modelKwargs="
+                         f"{model.module_kwargs} cannot be built: {type(err).__name__}: "
+                         f"{err}") from err
+    finetune.prepare(module, spec.finetune)  # ParamError naming initialWeights or freeze
+    try:
         module.eval()
         with torch.no_grad():
             output = network.forward(module, inputs)

@@ -86,6 +86,7 @@ from sparkdist.torchtrain.params import (
     TRAJECTORY,
     HasCommunication,
     HasDataRules,
+    HasFineTuning,
     HasInputs,
     HasLaunch,
     HasNetwork,
@@ -126,8 +127,9 @@ class _TorchParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasProbability
 
 
 class TorchEstimator(_TorchEstimatorInit, Estimator, _TorchParams, HasOptimization,
-                     HasDataRules, HasCommunication, HasStrategy, HasLaunch, HasStepCheckpoints,
-                     HasRecovery, HasElastic, ParamsPersistence, _TorchEstimatorAccessors):
+                     HasDataRules, HasCommunication, HasStrategy, HasLaunch, HasFineTuning,
+                     HasStepCheckpoints, HasRecovery, HasElastic, ParamsPersistence,
+                     _TorchEstimatorAccessors):
     """Train a PyTorch network data-parallel on ``numWorkers`` Spark tasks.
 
     Parameters
@@ -219,7 +221,7 @@ class TorchEstimator(_TorchEstimatorInit, Estimator, _TorchParams, HasOptimizati
         prepared, spec, stats = self._train_spec(dataset, checkpoint_dir, run_id)
         preflight(dataset.sparkSession, spec.launch.num_workers, use_gpu=spec.launch.use_gpu,
                   allow_unencrypted=self.getOrDefault("allowUnencrypted"))
-        fingerprint = self._fingerprint(dataset, stats) if checkpoint_dir else {}
+        fingerprint = self._fingerprint(dataset, stats, spec) if checkpoint_dir else {}
         # every strategy's checkpoints load into any worker count the strategy can split over
         with self.guarded_run(checkpoint_dir, run_id, fingerprint, "epochs",
                               resizable=("numWorkers", "batchSize")) as run:
@@ -264,6 +266,7 @@ class TorchEstimator(_TorchEstimatorInit, Estimator, _TorchParams, HasOptimizati
         spec = TrainSpec(model=self._model_spec(int(stats["max_dim"]), self._classes(stats),
                                                 fields, width, names),
                          checkpoint=self._checkpoint_spec(checkpoint_dir, run_id),
+                         finetune=self._finetune_spec(*self._initial_weights()),
                          hooks=hooks.armed(self), **parts)
         strategies.check_compatible(spec)
         return prepared, checks.check_model(spec), stats  # the strategy's preflight included
@@ -275,14 +278,41 @@ class TorchEstimator(_TorchEstimatorInit, Estimator, _TorchParams, HasOptimizati
             int(stats["max_label"]) + 1 if loss == "cross_entropy" else 2 if loss == "bce"
             else 0)
 
-    def _fingerprint(self, dataset: DataFrame, stats: dict[str, Any]) -> dict[str, Any]:
-        """What decides the training trajectory (``_trajectory``), plus the data's identity:
-        a run resumes only when all of it matches."""
+    def _initial_weights(self) -> tuple[bytes, str]:
+        """``initialWeights`` read (``torch.save``'d state-dict bytes) and its state's SHA-256;
+        empty without it. A saved TorchModel's directory is loaded by its strict reader, a
+        file with ``weights_only=True``: ParamError naming the Param for anything else."""
+        from sparkdist import store
+        from sparkdist.exceptions import StoreError
+        from sparkdist.torchtrain import finetune
+
+        url = self.getOrDefault("initialWeights")
+        if not url:
+            return b"", ""
+        try:
+            if store.is_file(url):
+                raw = store.read_bytes(url)
+                state = finetune.state_of(raw, url)
+            elif store.exists(url):
+                state = TorchModel.load(url)._weights
+                raw = inference.weights_bytes(state)
+            else:
+                raise ParamError(f"initialWeights={url!r} does not exist; give a saved "
+                                 f"TorchModel's directory or a state-dict file.")
+        except (StoreError, ModelLoadError) as err:
+            raise ParamError(f"initialWeights={url!r} cannot be read: {err}") from err
+        return raw, finetune.state_sha256(state)
+
+    def _fingerprint(self, dataset: DataFrame, stats: dict[str, Any],
+                     spec: TrainSpec) -> dict[str, Any]:
+        """What decides the training trajectory (``_trajectory``), plus the data's identity
+        and the initial weights' SHA-256: a run resumes only when all of it matches."""
         validation = self.validation_column()
         label, weight = self.label_source(), self.getOrDefault("weightCol")
         columns = self.inputColumns() + (label if isinstance(label, list) else [label]) + (
             [weight] if weight else []) + ([validation] if validation else [])
-        return {**self._fingerprint_params(),
+        base = {"initialWeightsSha256": spec.finetune.base_sha256} if spec.finetune.base else {}
+        return {**self._fingerprint_params(), **base,
                 **data_identity(dataset.select(*columns).schema, stats)}
 
     def _fingerprint_params(self) -> dict[str, Any]:
@@ -294,6 +324,9 @@ class TorchEstimator(_TorchEstimatorInit, Estimator, _TorchParams, HasOptimizati
         if not values.get("inputCols"):  # a features fit: as before typed inputs existed
             for name in ("inputCols", "inputShapes", "maxSequenceLength"):
                 values.pop(name)
+        for name in ("initialWeights", "freeze"):  # as before fine-tuning existed
+            if not values.get(name):
+                values.pop(name, None)
         return values
 
     def _read_data(self, dataset: DataFrame, prepared: DataFrame, rules: Any,
@@ -526,7 +559,12 @@ def _user_frame_level() -> int:
 
 def _model_state(spec: TrainSpec) -> dict[str, Any]:
     typed = {"inputs": [f.saved() for f in spec.model.inputs]} if spec.model.inputs else {}
-    several = {"label_width": spec.model.label_width} if spec.model.label_width else {}
+    several: dict[str, Any] = {"label_width": spec.model.label_width} \
+        if spec.model.label_width else {}
+    tuned = spec.finetune
+    if tuned.base or tuned.freeze:  # where the weights started, for the record
+        several["initial_weights"] = {"source": tuned.source, "sha256": tuned.base_sha256,
+                                      "freeze": list(tuned.freeze)}
     return {"input_dim": spec.model.input_dim, "output_dim": spec.model.output_dim,
             "num_classes": spec.model.num_classes, "run_id": spec.checkpoint.run_id, **typed,
             **several}

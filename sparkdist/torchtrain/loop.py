@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from sparkdist import hooks
 from sparkdist.exceptions import TrainingError
 from sparkdist.launch import gpus
-from sparkdist.torchtrain import resume
+from sparkdist.torchtrain import finetune, resume
 from sparkdist.torchtrain.clock import StepClock, peak_rss_mb, reset_peak_rss, tcp_bytes_sent
 from sparkdist.torchtrain.network import build_module, correct_count, loss_sum, task_of_loss
 from sparkdist.torchtrain.strategies import Strategy, make_strategy
@@ -154,8 +154,9 @@ class _Trainer:
         model = spec.model
         self.strategy = strategy = make_strategy(self.context, self.backend, self.device, spec,
                                                  self.clock)
-        strategy.setup(build_module(model.module, model.module_kwargs, model.input_dim,
-                                    model.output_dim))
+        strategy.setup(finetune.prepare(build_module(model.module, model.module_kwargs,
+                                                     model.input_dim, model.output_dim),
+                                        spec.finetune))
         self.optimizer = optimizer = strategy.optimizer()
         resumed = self._resume_state()
         started, sent = time.perf_counter(), tcp_bytes_sent()

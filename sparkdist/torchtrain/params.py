@@ -27,6 +27,7 @@ from sparkdist.torchtrain.spec import (
     CheckpointSpec,
     CommSpec,
     DataRules,
+    FineTuneSpec,
     InputField,
     LaunchSpec,
     ModelSpec,
@@ -42,7 +43,7 @@ TRAJECTORY: dict[str, bool] = {
                      "validationFraction", "nanPolicy", "numClasses", "seed", "backend",
                      "syncEvery", "syncWarmupSteps", "maxStaleness", "gradientCompression",
                      "powerSgdRank", "numWorkers", "inputCols", "inputShapes",
-                     "maxSequenceLength"), True),
+                     "maxSequenceLength", "initialWeights", "freeze"), True),
     # columns: the data identity of a resume covers what they read
     **dict.fromkeys(("labelCols", "weightCol"), False),
     **dict.fromkeys(("useGpu", "quantization", "timeoutSeconds", "rendezvousTimeoutSeconds",
@@ -364,6 +365,32 @@ class HasLaunch(Params):
                           slot_wait_s=get("slotWaitSeconds"), timeout_s=get("timeoutSeconds"),
                           rendezvous_timeout_s=get("rendezvousTimeoutSeconds"),
                           max_retries=get("maxRetries"), progress=get("progress"))
+
+
+class HasFineTuning(Params):
+    """initialWeights and freeze: a fit that starts from trained weights and trains part of
+    them (:mod:`sparkdist.torchtrain.finetune`)."""
+
+    initialWeights: Param[str] = Param(
+        Params._dummy(), "initialWeights",
+        "the weights the fit starts from: a saved TorchModel's directory or a torch.save'd "
+        "state-dict file, at any store URL, loaded with weights_only=True (never unpickled); "
+        "'' (default): the network's own initialisation", typeConverter=TypeConverters.toString)
+    freeze: Param[list[str]] = Param(
+        Params._dummy(), "freeze",
+        "parameter or module name patterns (fnmatch: ['embed', 'encoder.*']) whose parameters "
+        "keep their initial values: no gradient, optimizer state or all-reduce traffic",
+        typeConverter=TypeConverters.toListString)
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self._setDefault(initialWeights="", freeze=[])
+
+    def _finetune_spec(self, base: bytes, base_sha256: str) -> FineTuneSpec:
+        """The fine-tuning part, with the initial weights read (``base``) by the estimator."""
+        return FineTuneSpec(base=base, base_sha256=base_sha256,
+                            source=self.getOrDefault("initialWeights"),
+                            freeze=tuple(self.getOrDefault("freeze")))
 
 
 class HasStepCheckpoints(Params):

@@ -218,6 +218,18 @@ class DataRules:
 
 
 @dataclass(frozen=True)
+class FineTuneSpec:
+    """A fit that starts from trained weights (``initialWeights``) and trains part of them:
+    the parameters ``freeze`` matches keep their values and get no gradient, optimizer state
+    or all-reduce traffic (:mod:`sparkdist.torchtrain.finetune`)."""
+
+    base: bytes = b""  # the initial state dict, torch.save'd; b"" trains from the seed's init
+    base_sha256: str = ""  # of the state dict's names and tensors (finetune.state_sha256)
+    source: str = ""  # initialWeights, for messages
+    freeze: tuple[str, ...] = ()  # parameter or module name patterns (fnmatch)
+
+
+@dataclass(frozen=True)
 class TrainSpec:
     """Everything the ranks of one fit need, as typed plain values."""
 
@@ -228,6 +240,7 @@ class TrainSpec:
     checkpoint: CheckpointSpec
     launch: LaunchSpec
     rules: DataRules
+    finetune: FineTuneSpec = FineTuneSpec()
     #: Test and benchmark hooks (sparkdist.hooks), applied by wrapping; empty in production.
     hooks: tuple[Any, ...] = field(default=())
 

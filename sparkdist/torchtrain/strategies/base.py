@@ -37,7 +37,8 @@ class WholeModel:
     def optimizer(self) -> Any:
         """The optimizer over the parameters this rank holds."""
         optim = self.spec.optim
-        return make_optimizer(optim.optimizer, self.module.parameters(), optim.learning_rate,
+        trainable = [p for p in self.module.parameters() if p.requires_grad]  # not frozen
+        return make_optimizer(optim.optimizer, trainable, optim.learning_rate,
                               optim.weight_decay)
 
     def train_step(self, features: Inputs, target: Target, scale: float,

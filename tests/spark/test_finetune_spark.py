@@ -1,0 +1,126 @@
+"""Fine-tuning (issue 28, its first part): a fit that starts from trained weights
+(``initialWeights``: a saved TorchModel's directory or a state-dict file) and trains only what
+``freeze`` leaves out, under ddp and fsdp: frozen parameters bitwise unchanged, less optimizer
+state and traffic than full fine-tuning, exact resume after a killed rank, and each bad
+input a ParamError naming the Param before launch (a pickled object is never unpickled)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from sparkdist.exceptions import ParamError
+from sparkdist.failpoints import arm
+from sparkdist.models import TorchEstimator
+
+COMMON = {"progress": False, "numWorkers": 2, "seed": 9, "rendezvousTimeoutSeconds": 60,
+          "featureCols": ["x1", "x2", "x3"], "modelKwargs": {"hidden": [32, 32]},
+          "loss": "bce", "learningRate": 0.01, "batchSize": 32}
+FROZEN = ["layers.0", "layers.2"]  # the two hidden layers; the output layer trains
+
+
+@pytest.fixture(scope="module")
+def tasks(spark, cached):
+    """x1..x3 uniform in [-1, 1]; ``first`` = x1 + x2 > 0, ``second`` = x1 + x2 > 0.5 (a
+    task the first one's features serve)."""
+    rng = np.random.default_rng(1)
+    x = rng.uniform(-1, 1, (800, 3))
+    frame = pd.DataFrame({"x1": x[:, 0], "x2": x[:, 1], "x3": x[:, 2],
+                          "first": (x[:, 0] + x[:, 1] > 0).astype(float),
+                          "second": (x[:, 0] + x[:, 1] > 0.5).astype(float)})
+    with cached(spark.createDataFrame(frame).repartition(2)) as df:
+        yield df
+
+
+@pytest.fixture(scope="module")
+def pretrained(tasks, tmp_path_factory):
+    """A network trained on the first task, saved as a TorchModel and as a state-dict file."""
+    model = TorchEstimator(labelCol="first", epochs=6, **COMMON).fit(tasks)
+    where = tmp_path_factory.mktemp("base")
+    model.write().save(str(where / "model"))
+    torch.save(model.module().state_dict(), str(where / "weights.pt"))
+    return model, str(where / "model"), str(where / "weights.pt")
+
+
+def _state(model) -> dict[str, torch.Tensor]:
+    return model.module().state_dict()
+
+
+def _accuracy(model, df, label) -> float:
+    return model.transform(df).where(f"prediction = {label}").count() / df.count()
+
+
+def test_a_frozen_base_keeps_its_weights_and_the_rest_learns_the_second_task(tasks, pretrained):
+    base, directory, _ = pretrained
+    tuned = TorchEstimator(labelCol="second", epochs=8, initialWeights=directory,
+                           freeze=FROZEN, **COMMON).fit(tasks)
+    full = TorchEstimator(labelCol="second", epochs=8, initialWeights=directory,
+                          **COMMON).fit(tasks)
+    before, after = _state(base), _state(tuned)
+    assert all(torch.equal(before[k], after[k]) for k in before if k.startswith(("layers.0.",
+                                                                                  "layers.2.")))
+    assert not torch.equal(before["layers.4.weight"], after["layers.4.weight"])
+    # the head alone moves the base from its first task (0.79 here) to the second
+    assert _accuracy(tuned, tasks, "second") > _accuracy(base, tasks, "second") + 0.05
+    assert tuned.history[-1]["loss"] < 0.5 * tuned.history[0]["loss"]
+    # the optimizer holds state, and DDP all-reduces gradients, of the output layer only
+    frozen, whole = (m.trainingSummary["ranks"][0] for m in (tuned, full))
+    assert frozen["state_mb"] < 0.5 * whole["state_mb"]
+    assert frozen["sent_mb"] < 0.2 * whole["sent_mb"]
+
+
+def test_a_state_dict_file_under_fsdp_leaves_the_frozen_layers_bitwise(tasks, pretrained):
+    base, _, weights = pretrained
+    tuned = TorchEstimator(labelCol="second", epochs=2, initialWeights=weights, freeze=FROZEN,
+                           strategy="fsdp", **COMMON).fit(tasks)
+    before, after = _state(base), _state(tuned)
+    assert all(torch.equal(before[k], after[k]) for k in before if not k.startswith("layers.4"))
+    assert not torch.equal(before["layers.4.bias"], after["layers.4.bias"])
+
+
+def test_a_killed_rank_resumes_a_fine_tuning_fit_to_the_uninterrupted_weights(tasks, pretrained,
+                                                                            tmp_path):
+    _, directory, _ = pretrained
+    settings = {**COMMON, "labelCol": "second", "epochs": 3, "initialWeights": directory,
+                "freeze": FROZEN}
+    clean = TorchEstimator(checkpointDir=str(tmp_path / "clean"), **settings).fit(tasks)
+    killed = arm(TorchEstimator(checkpointDir=str(tmp_path / "ckpt"), **settings),
+                 str(tmp_path), rank=1, epoch=2, step=3, action="kill").fit(tasks)
+    assert killed.trainingSummary["resumed_from_epoch"] == 1
+    first, second = _state(clean), _state(killed)
+    assert all(torch.equal(first[k], second[k]) for k in first)
+
+
+class Evil:
+    """Unpickling it would create a file: the weights loader must never do so."""
+
+    def __reduce__(self):
+        return (os.makedirs, (os.environ["SPARKDIST_EVIL_MARK"],))
+
+
+@pytest.mark.parametrize(("params", "message"), [
+    ({"freeze": ["decoder.*"]}, r"freeze=\['decoder.\*'\]: \['decoder.\*'\] match no parameter"),
+    ({"freeze": ["layers"]}, "freezes every parameter of the network: nothing would train"),
+    ({"modelKwargs": {"hidden": [8]}}, "does not fit the network: .*layers.0.weight"),
+    ({"initialWeights": "/nonexistent/weights.pt"}, "does not exist"),
+])
+def test_bad_initial_weights_or_freeze_are_refused_naming_the_param(tasks, pretrained, params,
+                                                                    message):
+    settings = {**COMMON, "labelCol": "second", "epochs": 1, "initialWeights": pretrained[1],
+                **params}
+    with pytest.raises(ParamError, match=message):
+        TorchEstimator(**settings).fit(tasks)
+
+
+def test_a_pickled_object_as_initial_weights_is_refused_unopened(tasks, tmp_path, monkeypatch):
+    mark = tmp_path / "unpickled"
+    monkeypatch.setenv("SPARKDIST_EVIL_MARK", str(mark))
+    torch.save({"layers.0.weight": Evil()}, str(tmp_path / "evil.pt"))
+    with pytest.raises(ParamError, match="weights_only=True"):
+        TorchEstimator(labelCol="second", initialWeights=str(tmp_path / "evil.pt"),
+                       **COMMON).fit(tasks)
+    assert not mark.exists()

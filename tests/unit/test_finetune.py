@@ -1,0 +1,68 @@
+"""The fine-tuning pieces without Spark: name patterns, the state hash, loading and freezing."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+
+from sparkdist.exceptions import ParamError
+from sparkdist.torchtrain import finetune
+from sparkdist.torchtrain.nets import MLP
+from sparkdist.torchtrain.spec import FineTuneSpec
+
+
+@pytest.mark.parametrize(("name", "pattern", "found"), [
+    ("layers.0.weight", "layers.0", True),
+    ("layers.0.weight", "layers.0.weight", True),
+    ("layers.10.weight", "layers.1", False),
+    ("encoder.block.2.bias", "encoder.*", True),
+    ("top.bias", "*.bias", True),
+    ("top.weight", "*.bias", False),
+])
+def test_a_pattern_names_a_parameter_or_a_module_holding_it(name, pattern, found):
+    assert finetune.matches(name, pattern) is found
+
+
+def _saved(module) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(module.state_dict(), buffer)
+    return buffer.getvalue()
+
+
+def test_the_state_hash_follows_values_not_file_bytes():
+    torch.manual_seed(0)
+    net = MLP(input_dim=3, output_dim=1, hidden=[4])
+    state = net.state_dict()
+    same = {k: v.clone() for k, v in state.items()}
+    assert finetune.state_sha256(state) == finetune.state_sha256(same)
+    same["layers.0.bias"][0] += 1e-6
+    assert finetune.state_sha256(state) != finetune.state_sha256(same)
+
+
+def test_prepare_loads_the_weights_and_freezes_only_what_the_patterns_name():
+    torch.manual_seed(0)
+    trained = MLP(input_dim=3, output_dim=1, hidden=[4, 4])
+    torch.manual_seed(1)
+    fresh = MLP(input_dim=3, output_dim=1, hidden=[4, 4])
+    finetune.prepare(fresh, FineTuneSpec(base=_saved(trained), source="w.pt",
+                                         freeze=("layers.0",)))
+    assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(),
+                                                 trained.state_dict().values()))
+    assert [n for n, p in fresh.named_parameters() if not p.requires_grad] == [
+        "layers.0.weight", "layers.0.bias"]
+
+
+def test_a_state_of_tensors_only_and_no_object():
+    with pytest.raises(ParamError, match="holds list, not a state dict"):
+        finetune.state_of(_list_bytes(), "w.pt")
+    with pytest.raises(ParamError, match="not a torch state dict that loads with "
+                                         "weights_only=True"):
+        finetune.state_of(b"not a torch file", "w.pt")
+
+
+def _list_bytes() -> bytes:
+    buffer = io.BytesIO()
+    torch.save([torch.zeros(1)], buffer)
+    return buffer.getvalue()
