@@ -8,6 +8,8 @@ from typing import Any, TypeVar
 from pyspark import keyword_only
 from pyspark.ml.param import Params
 
+from sparkdist.models._accessors_torch_2 import _TorchEstimatorOwn
+
 _S = TypeVar("_S", bound=Params)
 
 
@@ -39,6 +41,10 @@ class _Shared1(Params):
     def getMaxSequenceLength(self) -> int:
         """Gets the value of :py:attr:`maxSequenceLength` or its default value."""
         return self.getOrDefault("maxSequenceLength")
+
+    def getMergeAdapters(self) -> bool:
+        """Gets the value of :py:attr:`mergeAdapters` or its default value."""
+        return self.getOrDefault("mergeAdapters")
 
     def getModel(self) -> str:
         """Gets the value of :py:attr:`model` or its default value."""
@@ -100,6 +106,11 @@ class _Shared1(Params):
         boolean <arg>_mask when forward takes one, >= 1."""
         return self._set(maxSequenceLength=value)
 
+    def setMergeAdapters(self: _S, value: bool) -> _S:
+        """Sets the value of :py:attr:`mergeAdapters`: scoring a model with LoRA adapters: merge
+        them into the base weights (one matrix per layer) instead of running them alongside."""
+        return self._set(mergeAdapters=value)
+
     def setModel(self: _S, value: Any) -> _S:
         """Sets the value of :py:attr:`model`: the nn.Module subclass, or its qualified name
         'package.module.Class' in a module this process has imported (a class given is stored by its
@@ -137,377 +148,6 @@ class _Shared1(Params):
         return self._set(useGpu=value)
 
 
-class _TorchEstimatorOwn(Params):
-    """Accessors of TorchEstimator."""
-
-    _generated_accessors = True
-
-    def getAllowUnencrypted(self) -> bool:
-        """Gets the value of :py:attr:`allowUnencrypted` or its default value."""
-        return self.getOrDefault("allowUnencrypted")
-
-    def getBackend(self) -> str:
-        """Gets the value of :py:attr:`backend` or its default value."""
-        return self.getOrDefault("backend")
-
-    def getCheckpointDir(self) -> str:
-        """Gets the value of :py:attr:`checkpointDir` or its default value."""
-        return self.getOrDefault("checkpointDir")
-
-    def getCheckpointEvery(self) -> int:
-        """Gets the value of :py:attr:`checkpointEvery` or its default value."""
-        return self.getOrDefault("checkpointEvery")
-
-    def getCheckpointEverySteps(self) -> int:
-        """Gets the value of :py:attr:`checkpointEverySteps` or its default value."""
-        return self.getOrDefault("checkpointEverySteps")
-
-    def getEarlyStoppingPatience(self) -> int:
-        """Gets the value of :py:attr:`earlyStoppingPatience` or its default value."""
-        return self.getOrDefault("earlyStoppingPatience")
-
-    def getEpochs(self) -> int:
-        """Gets the value of :py:attr:`epochs` or its default value."""
-        return self.getOrDefault("epochs")
-
-    def getFreeze(self) -> list[str]:
-        """Gets the value of :py:attr:`freeze` or its default value."""
-        return self.getOrDefault("freeze")
-
-    def getFsdpWrap(self) -> list[str]:
-        """Gets the value of :py:attr:`fsdpWrap` or its default value."""
-        return self.getOrDefault("fsdpWrap")
-
-    def getGradientCompression(self) -> str:
-        """Gets the value of :py:attr:`gradientCompression` or its default value."""
-        return self.getOrDefault("gradientCompression")
-
-    def getInitialWeights(self) -> str:
-        """Gets the value of :py:attr:`initialWeights` or its default value."""
-        return self.getOrDefault("initialWeights")
-
-    def getKeepCheckpoints(self) -> int:
-        """Gets the value of :py:attr:`keepCheckpoints` or its default value."""
-        return self.getOrDefault("keepCheckpoints")
-
-    def getLabelCols(self) -> list[str]:
-        """Gets the value of :py:attr:`labelCols` or its default value."""
-        return self.getOrDefault("labelCols")
-
-    def getLearningRate(self) -> float:
-        """Gets the value of :py:attr:`learningRate` or its default value."""
-        return self.getOrDefault("learningRate")
-
-    def getMaxRetries(self) -> int:
-        """Gets the value of :py:attr:`maxRetries` or its default value."""
-        return self.getOrDefault("maxRetries")
-
-    def getMaxStaleness(self) -> int:
-        """Gets the value of :py:attr:`maxStaleness` or its default value."""
-        return self.getOrDefault("maxStaleness")
-
-    def getMicroBatches(self) -> int:
-        """Gets the value of :py:attr:`microBatches` or its default value."""
-        return self.getOrDefault("microBatches")
-
-    def getMinWorkers(self) -> int:
-        """Gets the value of :py:attr:`minWorkers` or its default value."""
-        return self.getOrDefault("minWorkers")
-
-    def getMixedPrecision(self) -> bool:
-        """Gets the value of :py:attr:`mixedPrecision` or its default value."""
-        return self.getOrDefault("mixedPrecision")
-
-    def getNanPolicy(self) -> str:
-        """Gets the value of :py:attr:`nanPolicy` or its default value."""
-        return self.getOrDefault("nanPolicy")
-
-    def getNumClasses(self) -> int:
-        """Gets the value of :py:attr:`numClasses` or its default value."""
-        return self.getOrDefault("numClasses")
-
-    def getNumWorkers(self) -> int:
-        """Gets the value of :py:attr:`numWorkers` or its default value."""
-        return self.getOrDefault("numWorkers")
-
-    def getOptimizer(self) -> str:
-        """Gets the value of :py:attr:`optimizer` or its default value."""
-        return self.getOrDefault("optimizer")
-
-    def getPipelineSchedule(self) -> str:
-        """Gets the value of :py:attr:`pipelineSchedule` or its default value."""
-        return self.getOrDefault("pipelineSchedule")
-
-    def getPipelineSplitPoints(self) -> list[str]:
-        """Gets the value of :py:attr:`pipelineSplitPoints` or its default value."""
-        return self.getOrDefault("pipelineSplitPoints")
-
-    def getPipelineStages(self) -> int:
-        """Gets the value of :py:attr:`pipelineStages` or its default value."""
-        return self.getOrDefault("pipelineStages")
-
-    def getPowerSgdRank(self) -> int:
-        """Gets the value of :py:attr:`powerSgdRank` or its default value."""
-        return self.getOrDefault("powerSgdRank")
-
-    def getProgress(self) -> bool:
-        """Gets the value of :py:attr:`progress` or its default value."""
-        return self.getOrDefault("progress")
-
-    def getRendezvousTimeoutSeconds(self) -> float:
-        """Gets the value of :py:attr:`rendezvousTimeoutSeconds` or its default value."""
-        return self.getOrDefault("rendezvousTimeoutSeconds")
-
-    def getResume(self) -> str:
-        """Gets the value of :py:attr:`resume` or its default value."""
-        return self.getOrDefault("resume")
-
-    def getRunId(self) -> str:
-        """Gets the value of :py:attr:`runId` or its default value."""
-        return self.getOrDefault("runId")
-
-    def getSlotWaitSeconds(self) -> float:
-        """Gets the value of :py:attr:`slotWaitSeconds` or its default value."""
-        return self.getOrDefault("slotWaitSeconds")
-
-    def getStrategy(self) -> str:
-        """Gets the value of :py:attr:`strategy` or its default value."""
-        return self.getOrDefault("strategy")
-
-    def getSyncEvery(self) -> int:
-        """Gets the value of :py:attr:`syncEvery` or its default value."""
-        return self.getOrDefault("syncEvery")
-
-    def getSyncWarmupSteps(self) -> int:
-        """Gets the value of :py:attr:`syncWarmupSteps` or its default value."""
-        return self.getOrDefault("syncWarmupSteps")
-
-    def getTimeoutSeconds(self) -> float:
-        """Gets the value of :py:attr:`timeoutSeconds` or its default value."""
-        return self.getOrDefault("timeoutSeconds")
-
-    def getValidationFraction(self) -> float:
-        """Gets the value of :py:attr:`validationFraction` or its default value."""
-        return self.getOrDefault("validationFraction")
-
-    def getWeightCol(self) -> str:
-        """Gets the value of :py:attr:`weightCol` or its default value."""
-        return self.getOrDefault("weightCol")
-
-    def getWeightDecay(self) -> float:
-        """Gets the value of :py:attr:`weightDecay` or its default value."""
-        return self.getOrDefault("weightDecay")
-
-    def setAllowUnencrypted(self: _S, value: bool) -> _S:
-        """Sets the value of :py:attr:`allowUnencrypted`: train on a cluster with Spark
-        authentication/encryption on although the gradient traffic between workers (gloo, NCCL,
-        Horovod) is not encrypted."""
-        return self._set(allowUnencrypted=value)
-
-    def setBackend(self: _S, value: str) -> _S:
-        """Sets the value of :py:attr:`backend`: 'torch' or 'horovod'."""
-        return self._set(backend=value)
-
-    def setCheckpointDir(self: _S, value: str) -> _S:
-        """Sets the value of :py:attr:`checkpointDir`: directory for checkpoints (local path,
-        file://, hdfs://, s3://, dbfs:/, /Volumes/...) that the driver and every executor can reach;
-        unset: no checkpoints."""
-        return self._set(checkpointDir=value)
-
-    def setCheckpointEvery(self: _S, value: int) -> _S:
-        """Sets the value of :py:attr:`checkpointEvery`: checkpoint interval (epochs or rounds), >=
-        1."""
-        return self._set(checkpointEvery=value)
-
-    def setCheckpointEverySteps(self: _S, value: int) -> _S:
-        """Sets the value of :py:attr:`checkpointEverySteps`: also checkpoint every this many steps
-        within an epoch (a resume continues at that step); 0: at epoch ends only."""
-        return self._set(checkpointEverySteps=value)
-
-    def setEarlyStoppingPatience(self: _S, value: int) -> _S:
-        """Sets the value of :py:attr:`earlyStoppingPatience`: epochs without a better validation
-        loss before stopping; 0 turns it off."""
-        return self._set(earlyStoppingPatience=value)
-
-    def setEpochs(self: _S, value: int) -> _S:
-        """Sets the value of :py:attr:`epochs`: passes over the data, >= 1."""
-        return self._set(epochs=value)
-
-    def setFreeze(self: _S, value: list[str]) -> _S:
-        """Sets the value of :py:attr:`freeze`: parameter or module name patterns (fnmatch:
-        ['embed', 'encoder.*']) whose parameters keep their initial values: no gradient, optimizer
-        state or all-reduce traffic."""
-        return self._set(freeze=value)
-
-    def setFsdpWrap(self: _S, value: list[str]) -> _S:
-        """Sets the value of :py:attr:`fsdpWrap`: fsdp: names of the module classes sharded as units
-        of their own (e.g. ['TransformerBlock']); empty: each top-level child."""
-        return self._set(fsdpWrap=value)
-
-    def setGradientCompression(self: _S, value: str) -> _S:
-        """Sets the value of :py:attr:`gradientCompression`: gradients sent as 'none' (float32),
-        'fp16', 'bf16' or 'powersgd'."""
-        return self._set(gradientCompression=value)
-
-    def setInitialWeights(self: _S, value: str) -> _S:
-        """Sets the value of :py:attr:`initialWeights`: the weights the fit starts from: a saved
-        TorchModel's directory or a torch.save'd state-dict file, at any store URL, loaded with
-        weights_only=True (never unpickled); '' (default): the network's own initialisation."""
-        return self._set(initialWeights=value)
-
-    def setKeepCheckpoints(self: _S, value: int) -> _S:
-        """Sets the value of :py:attr:`keepCheckpoints`: newest checkpoints kept per run, >= 1."""
-        return self._set(keepCheckpoints=value)
-
-    def setLabelCols(self: _S, value: list[str]) -> _S:
-        """Sets the value of :py:attr:`labelCols`: several label columns (instead of labelCol): the
-        loss, a function (output, labels) -> per-row losses, gets the labels as a dict by column
-        name."""
-        return self._set(labelCols=value)
-
-    def setLearningRate(self: _S, value: float) -> _S:
-        """Sets the value of :py:attr:`learningRate`: learning rate, > 0."""
-        return self._set(learningRate=value)
-
-    def setMaxRetries(self: _S, value: int) -> _S:
-        """Sets the value of :py:attr:`maxRetries`: retries of a failed training stage, >= 0."""
-        return self._set(maxRetries=value)
-
-    def setMaxStaleness(self: _S, value: int) -> _S:
-        """Sets the value of :py:attr:`maxStaleness`: bounded staleness: steps a fast worker may run
-        ahead of the slowest before it waits (a lagging worker skips steps, their batches left out);
-        the fit is then not reproducible; 0: off (synchronous, bitwise reproducible)."""
-        return self._set(maxStaleness=value)
-
-    def setMicroBatches(self: _S, value: int) -> _S:
-        """Sets the value of :py:attr:`microBatches`: pipeline: micro-batches each worker's batch is
-        cut into, >= 1."""
-        return self._set(microBatches=value)
-
-    def setMinWorkers(self: _S, value: int) -> _S:
-        """Sets the value of :py:attr:`minWorkers`: the fewest workers a retried fit (or
-        checkpointed chunk) may go on with when task slots are lost for good, >= 0; 0: all the
-        workers (never fewer)."""
-        return self._set(minWorkers=value)
-
-    def setMixedPrecision(self: _S, value: bool) -> _S:
-        """Sets the value of :py:attr:`mixedPrecision`: fsdp on GPU executors: compute in bfloat16,
-        keep float32 weights and reduce gradients in float32."""
-        return self._set(mixedPrecision=value)
-
-    def setNanPolicy(self: _S, value: str) -> _S:
-        """Sets the value of :py:attr:`nanPolicy`: rows with NaN/inf/null features or label: 'error'
-        or 'drop'."""
-        return self._set(nanPolicy=value)
-
-    def setNumClasses(self: _S, value: int) -> _S:
-        """Sets the value of :py:attr:`numClasses`: classes for cross_entropy; 0 infers max(label) +
-        1."""
-        return self._set(numClasses=value)
-
-    def setNumWorkers(self: _S, value: int) -> _S:
-        """Sets the value of :py:attr:`numWorkers`: number of data-parallel tasks, >= 1."""
-        return self._set(numWorkers=value)
-
-    def setOptimizer(self: _S, value: str) -> _S:
-        """Sets the value of :py:attr:`optimizer`: one of ['adam', 'adamw', 'rmsprop', 'sgd']."""
-        return self._set(optimizer=value)
-
-    def setPipelineSchedule(self: _S, value: str) -> _S:
-        """Sets the value of :py:attr:`pipelineSchedule`: pipeline: 'gpipe' or '1f1b'."""
-        return self._set(pipelineSchedule=value)
-
-    def setPipelineSplitPoints(self: _S, value: list[str]) -> _S:
-        """Sets the value of :py:attr:`pipelineSplitPoints`: pipeline: names of the top-level
-        children that start a new stage (pipelineStages - 1 of them); empty: split by parameter
-        count."""
-        return self._set(pipelineSplitPoints=value)
-
-    def setPipelineStages(self: _S, value: int) -> _S:
-        """Sets the value of :py:attr:`pipelineStages`: pipeline: stages the model's top-level
-        children are split into; numWorkers must be a multiple (the rest is data parallel); 0:
-        numWorkers."""
-        return self._set(pipelineStages=value)
-
-    def setPowerSgdRank(self: _S, value: int) -> _S:
-        """Sets the value of :py:attr:`powerSgdRank`: powersgd: the rank of the low-rank
-        approximation."""
-        return self._set(powerSgdRank=value)
-
-    def setProgress(self: _S, value: bool) -> _S:
-        """Sets the value of :py:attr:`progress`: show a progress bar on the driver."""
-        return self._set(progress=value)
-
-    def setRendezvousTimeoutSeconds(self: _S, value: float) -> _S:
-        """Sets the value of :py:attr:`rendezvousTimeoutSeconds`: longest wait in seconds for all
-        workers to start, and for any one collective: > 0 and at most 31536000 (one year; inf is
-        refused)."""
-        return self._set(rendezvousTimeoutSeconds=value)
-
-    def setResume(self: _S, value: str) -> _S:
-        """Sets the value of :py:attr:`resume`: what a fit does with an earlier run of its runId:
-        'auto' continues an interrupted run with the same settings and data (a mismatch is refused)
-        and trains a completed one again from scratch; 'never' always starts from scratch, dropping
-        the run's checkpoints; 'required' fails unless there is a run to continue, and may raise
-        epochs/n_estimators to continue a completed one."""
-        return self._set(resume=value)
-
-    def setRunId(self: _S, value: str) -> _S:
-        """Sets the value of :py:attr:`runId`: names the run's checkpoints (letters, digits, '.',
-        '_', '-'); see resume; unset: a new id per fit."""
-        return self._set(runId=value)
-
-    def setSeed(self: _S, value: int) -> _S:
-        """Sets the value of :py:attr:`seed`: random seed."""
-        return self._set(seed=value)
-
-    def setSlotWaitSeconds(self: _S, value: float) -> _S:
-        """Sets the value of :py:attr:`slotWaitSeconds`: longest wait in seconds for minWorkers free
-        task slots before a retry fails: > 0 and at most 31536000 (one year; inf is refused)."""
-        return self._set(slotWaitSeconds=value)
-
-    def setStrategy(self: _S, value: str) -> _S:
-        """Sets the value of :py:attr:`strategy`: how the network is spread over the workers: 'ddp'
-        (a replica each), 'fsdp' (parameters, gradients and optimizer state sharded), 'pipeline'
-        (layers split into stages) or 'tensor' (Linear layers split)."""
-        return self._set(strategy=value)
-
-    def setSyncEvery(self: _S, value: int) -> _S:
-        """Sets the value of :py:attr:`syncEvery`: local SGD: local steps between model averages; 1:
-        every step (DDP)."""
-        return self._set(syncEvery=value)
-
-    def setSyncWarmupSteps(self: _S, value: int) -> _S:
-        """Sets the value of :py:attr:`syncWarmupSteps`: local SGD: fully synchronous steps before
-        local steps start (and before PowerSGD compresses), >= 0."""
-        return self._set(syncWarmupSteps=value)
-
-    def setTimeoutSeconds(self: _S, value: float) -> _S:
-        """Sets the value of :py:attr:`timeoutSeconds`: cancel the fit after this many seconds: > 0
-        and at most 31536000 (one year; inf is refused)."""
-        return self._set(timeoutSeconds=value)
-
-    def setValidationFraction(self: _S, value: float) -> _S:
-        """Sets the value of :py:attr:`validationFraction`: fraction of rows held out for validation
-        by a seeded hash split, in [0, 1)."""
-        return self._set(validationFraction=value)
-
-    def setValidationIndicatorCol(self: _S, value: str) -> _S:
-        """Sets the value of :py:attr:`validationIndicatorCol`: name of the column that indicates
-        whether each row is for training or for validation. False indicates training; true indicates
-        validation."""
-        return self._set(validationIndicatorCol=value)
-
-    def setWeightCol(self: _S, value: str) -> _S:
-        """Sets the value of :py:attr:`weightCol`: a column of row weights >= 0: each row's loss is
-        multiplied by its weight and the mean is weighted; '' (default) weighs every row 1."""
-        return self._set(weightCol=value)
-
-    def setWeightDecay(self: _S, value: float) -> _S:
-        """Sets the value of :py:attr:`weightDecay`: L2 penalty, >= 0."""
-        return self._set(weightDecay=value)
-
-
 class _TorchEstimatorAccessors(_Shared1, _TorchEstimatorOwn):
     """The generated accessors of :class:`TorchEstimator`."""
 
@@ -523,8 +163,10 @@ class _TorchEstimatorInit(Params):
 
     @keyword_only
     def __init__(
-        self, *, allowUnencrypted: bool | None = None, backend: str | None = None,
-        batchSize: int | None = None, checkpointDir: str | None = None,
+        self, *, adapter: str | None = None, adapterAlpha: int | None = None,
+        adapterDropout: float | None = None, adapterRank: int | None = None,
+        adapterTargets: list[str] | None = None, allowUnencrypted: bool | None = None,
+        backend: str | None = None, batchSize: int | None = None, checkpointDir: str | None = None,
         checkpointEvery: int | None = None, checkpointEverySteps: int | None = None,
         earlyStoppingPatience: int | None = None, epochs: int | None = None,
         featureCols: list[str] | None = None, featuresCol: str | None = None,
@@ -534,21 +176,21 @@ class _TorchEstimatorInit(Params):
         labelCol: str | None = None, labelCols: list[str] | None = None,
         learningRate: float | None = None, loss: Any = None, maxRetries: int | None = None,
         maxSequenceLength: int | None = None, maxStaleness: int | None = None,
-        microBatches: int | None = None, minWorkers: int | None = None,
-        mixedPrecision: bool | None = None, model: Any = None, modelKwargs: dict | None = None,
-        nanPolicy: str | None = None, numClasses: int | None = None, numWorkers: int | None = None,
-        optimizer: str | None = None, pipelineSchedule: str | None = None,
-        pipelineSplitPoints: list[str] | None = None, pipelineStages: int | None = None,
-        powerSgdRank: int | None = None, predictionCol: str | None = None,
-        probabilityCol: str | None = None, progress: bool | None = None,
-        quantization: str | None = None, rawPredictionCol: str | None = None,
-        rendezvousTimeoutSeconds: float | None = None, resume: str | None = None,
-        runId: str | None = None, seed: int | None = None, slotWaitSeconds: float | None = None,
-        strategy: str | None = None, syncEvery: int | None = None,
-        syncWarmupSteps: int | None = None, timeoutSeconds: float | None = None, useGpu: Any = None,
-        validationCol: str | None = None, validationFraction: float | None = None,
-        validationIndicatorCol: str | None = None, weightCol: str | None = None,
-        weightDecay: float | None = None,
+        mergeAdapters: bool | None = None, microBatches: int | None = None,
+        minWorkers: int | None = None, mixedPrecision: bool | None = None, model: Any = None,
+        modelKwargs: dict | None = None, nanPolicy: str | None = None,
+        numClasses: int | None = None, numWorkers: int | None = None, optimizer: str | None = None,
+        pipelineSchedule: str | None = None, pipelineSplitPoints: list[str] | None = None,
+        pipelineStages: int | None = None, powerSgdRank: int | None = None,
+        predictionCol: str | None = None, probabilityCol: str | None = None,
+        progress: bool | None = None, quantization: str | None = None,
+        rawPredictionCol: str | None = None, rendezvousTimeoutSeconds: float | None = None,
+        resume: str | None = None, runId: str | None = None, seed: int | None = None,
+        slotWaitSeconds: float | None = None, strategy: str | None = None,
+        syncEvery: int | None = None, syncWarmupSteps: int | None = None,
+        timeoutSeconds: float | None = None, useGpu: Any = None, validationCol: str | None = None,
+        validationFraction: float | None = None, validationIndicatorCol: str | None = None,
+        weightCol: str | None = None, weightDecay: float | None = None,
     ) -> None:
         """Every keyword defaults to its Param's default (None: not set)."""
         super().__init__()

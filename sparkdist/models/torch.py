@@ -81,7 +81,7 @@ from sparkdist.models._recovery import (
     data_identity,
 )
 from sparkdist.persist import ParamsPersistence, PersistentModel
-from sparkdist.torchtrain import inference, launch, loop, network, strategies
+from sparkdist.torchtrain import finetune, inference, launch, loop, network, strategies
 from sparkdist.torchtrain.params import (
     TRAJECTORY,
     HasCommunication,
@@ -94,7 +94,13 @@ from sparkdist.torchtrain.params import (
     HasScoring,
     HasStepCheckpoints,
 )
-from sparkdist.torchtrain.spec import QUANTIZATIONS, InputField, ScoreSpec, TrainSpec
+from sparkdist.torchtrain.spec import (
+    QUANTIZATIONS,
+    FineTuneSpec,
+    InputField,
+    ScoreSpec,
+    TrainSpec,
+)
 from sparkdist.torchtrain.strategies.params import TRAJECTORY as STRATEGY_TRAJECTORY
 from sparkdist.torchtrain.strategies.params import HasStrategy
 
@@ -229,6 +235,7 @@ class TorchEstimator(_TorchEstimatorInit, Estimator, _TorchParams, HasOptimizati
             if run is not None:
                 run.complete(len(header["history"]))
         model = TorchModel._fitted(state, {**header, **_model_state(spec)})
+        model._base = spec.finetune.base if spec.finetune.adapter != "none" else b""
         self._copyValues(model)
         return model
 
@@ -282,25 +289,10 @@ class TorchEstimator(_TorchEstimatorInit, Estimator, _TorchParams, HasOptimizati
         """``initialWeights`` read (``torch.save``'d state-dict bytes) and its state's SHA-256;
         empty without it. A saved TorchModel's directory is loaded by its strict reader, a
         file with ``weights_only=True``: ParamError naming the Param for anything else."""
-        from sparkdist import store
-        from sparkdist.exceptions import StoreError
-        from sparkdist.torchtrain import finetune
-
         url = self.getOrDefault("initialWeights")
         if not url:
             return b"", ""
-        try:
-            if store.is_file(url):
-                raw = store.read_bytes(url)
-                state = finetune.state_of(raw, url)
-            elif store.exists(url):
-                state = TorchModel.load(url)._weights
-                raw = inference.weights_bytes(state)
-            else:
-                raise ParamError(f"initialWeights={url!r} does not exist; give a saved "
-                                 f"TorchModel's directory or a state-dict file.")
-        except (StoreError, ModelLoadError) as err:
-            raise ParamError(f"initialWeights={url!r} cannot be read: {err}") from err
+        raw, state = _read_weights(url)
         return raw, finetune.state_sha256(state)
 
     def _fingerprint(self, dataset: DataFrame, stats: dict[str, Any],
@@ -326,6 +318,10 @@ class TorchEstimator(_TorchEstimatorInit, Estimator, _TorchParams, HasOptimizati
                 values.pop(name)
         for name in ("initialWeights", "freeze"):  # as before fine-tuning existed
             if not values.get(name):
+                values.pop(name, None)
+        if values.get("adapter") == "none":
+            for name in ("adapter", "adapterRank", "adapterAlpha", "adapterDropout",
+                         "adapterTargets"):
                 values.pop(name, None)
         return values
 
@@ -356,8 +352,9 @@ class TorchModel(Model, _TorchParams, PersistentModel, _TorchModelAccessors):
 
     def __init__(self) -> None:
         super().__init__()
-        self._weights: dict[str, Any] = {}
+        self._weights: dict[str, Any] = {}  # with adapters: theirs only
         self._info: dict[str, Any] = {}
+        self._base = b""  # with adapters: the base's state dict, read once
 
     @classmethod
     def _fitted(cls, weights: dict[str, Any], info: dict[str, Any]) -> TorchModel:
@@ -414,11 +411,48 @@ class TorchModel(Model, _TorchParams, PersistentModel, _TorchModelAccessors):
         """The trained ``nn.Module`` (in eval mode), for use outside Spark: the network
         ``transform`` scores with, so with ``quantization='int8'`` its Linear layers are
         dynamically quantized to int8 (on the CPU)."""
-        module = self._network()
-        module.load_state_dict(self._weights)
+        module = self._trained()
         if self._quantization() == "int8":
             return inference.quantize_int8(module.eval())
         return module.eval()
+
+    def _trained(self) -> Any:
+        """The network with its trained weights: with adapters, the base with them added
+        (``mergeAdapters``: merged into its layers)."""
+        module = self._network()
+        if not self._info.get("adapter"):
+            module.load_state_dict(self._weights)
+            return module
+        finetune.prepare(module, dataclasses.replace(self._adapters(), base=self._base_bytes()))
+        finetune.load_trained(module, self._weights)
+        return finetune.merged(module) if self.getOrDefault("mergeAdapters") else module
+
+    def _adapters(self) -> FineTuneSpec:
+        """The adapters it was trained with (their config from its metadata)."""
+        saved = self._info["adapter"]
+        return FineTuneSpec(adapter="lora", adapter_rank=int(saved["rank"]),
+                            adapter_alpha=int(saved["alpha"]),
+                            adapter_dropout=float(saved["dropout"]),
+                            adapter_targets=tuple(str(t) for t in saved["targets"]))
+
+    def _base_bytes(self) -> bytes:
+        """The base weights the adapters were trained on, read from where initialWeights
+        named them: ModelLoadError where they are gone or their SHA-256 changed."""
+        if not self._base:
+            record = self._info["initial_weights"]
+            try:
+                raw, state = _read_weights(str(record["source"]))
+            except ParamError as err:
+                raise ModelLoadError(f"the base weights of these adapters cannot be read: "
+                                     f"{err}") from err
+            found = finetune.state_sha256(state)
+            if found != record["sha256"]:
+                raise ModelLoadError(f"the base weights at {record['source']!r} changed since "
+                                     f"the adapters were trained on them (SHA-256 {found}, "
+                                     f"trained on {record['sha256']}); give the adapters their "
+                                     f"base back, or fine-tune again.")
+            self._base = raw
+        return self._base
 
     def inputFields(self) -> tuple[InputField, ...]:
         """The typed inputs the network was trained on (``inputCols``); () for one features
@@ -455,9 +489,15 @@ class TorchModel(Model, _TorchParams, PersistentModel, _TorchModelAccessors):
             columns = [checks.scoring_features(dataset.schema, self.featureSource(),
                                                self.inputDim)]
         get = self.getOrDefault
+        separate = bool(self._info.get("adapter")) and not get("mergeAdapters")
+        if separate and get("quantization") == "int8":
+            raise ParamError("quantization='int8' with adapters scores the merged network: set "
+                             "mergeAdapters=True.")
+        weights = self._trained().state_dict() if self._info.get("adapter") else self._weights
         spec = ScoreSpec(module=network.resolve_model(get("model")),
                          module_kwargs=dict(get("modelKwargs") or {}),
-                         weights=inference.weights_bytes(self._weights),
+                         weights=inference.weights_bytes(weights),
+                         adapters=self._adapters() if separate else None,
                          input_dim=int(self._info["input_dim"]),
                          output_dim=int(self._info["output_dim"]), loss=get("loss"),
                          batch_size=get("batchSize"), use_gpu=get("useGpu"),
@@ -493,6 +533,9 @@ class TorchModel(Model, _TorchParams, PersistentModel, _TorchModelAccessors):
             model = load(path)
             try:
                 module = network.resolve_model(model.getOrDefault("model"))
+                if model._info.get("adapter"):  # the base read and the adapters put on it
+                    model._trained()
+                    return model
             except ParamError as err:
                 raise ModelLoadError(f"'{path}': {err}") from err
             checks.check_weights(model._weights, module, model.getOrDefault("model"),
@@ -547,6 +590,26 @@ class TorchModel(Model, _TorchParams, PersistentModel, _TorchModelAccessors):
 
 
 # ----------------------------------------------------------------------------- helpers
+def _read_weights(url: str) -> tuple[bytes, dict[str, Any]]:
+    """The state dict at ``url`` (``initialWeights``), as torch.save'd bytes and tensors: a
+    saved TorchModel's directory through its strict reader, a file with weights_only=True;
+    ParamError naming the Param for anything else."""
+    from sparkdist import store
+    from sparkdist.exceptions import StoreError
+
+    try:
+        if store.is_file(url):
+            raw = store.read_bytes(url)
+            return raw, finetune.state_of(raw, url)
+        if store.exists(url):
+            state = TorchModel.load(url)._weights
+            return inference.weights_bytes(state), state
+    except (StoreError, ModelLoadError) as err:
+        raise ParamError(f"initialWeights={url!r} cannot be read: {err}") from err
+    raise ParamError(f"initialWeights={url!r} does not exist; give a saved TorchModel's "
+                     f"directory or a state-dict file.")
+
+
 def _user_frame_level() -> int:
     """The ``stacklevel`` (seen from the caller's caller) of the first frame outside
     sparkdist and pyspark: a warning names the user's line, not keyword_only's."""
@@ -565,6 +628,10 @@ def _model_state(spec: TrainSpec) -> dict[str, Any]:
     if tuned.base or tuned.freeze:  # where the weights started, for the record
         several["initial_weights"] = {"source": tuned.source, "sha256": tuned.base_sha256,
                                       "freeze": list(tuned.freeze)}
+    if tuned.adapter != "none":
+        several["adapter"] = {"rank": tuned.adapter_rank, "alpha": tuned.adapter_alpha,
+                              "dropout": tuned.adapter_dropout,
+                              "targets": list(tuned.adapter_targets)}
     return {"input_dim": spec.model.input_dim, "output_dim": spec.model.output_dim,
             "num_classes": spec.model.num_classes, "run_id": spec.checkpoint.run_id, **typed,
             **several}

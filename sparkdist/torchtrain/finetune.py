@@ -9,6 +9,15 @@ a module holding it (``top.0``, ``encoder.*``), as ``fnmatch`` matches. A frozen
 and reduce-scatter buckets, and the optimizer is made over the trainable parameters only.
 The initial weights are read with ``torch.load(weights_only=True)``: tensors and plain
 containers, never a pickled object.
+
+Adapters (``adapter="lora"``): peft's LoRA layers are injected into the modules
+``adapterTargets`` names (``inject_adapter_in_model``: the network keeps its class and its
+names, each target's weights moving under ``<name>.base_layer``), and every parameter but the
+adapters' is frozen. Checkpoints and the fitted model then hold the adapters only; the base
+weights come from ``initialWeights``, checked by their SHA-256.
+
+Frozen parameters stay out of checkpoints too: a resume takes them from ``initialWeights``
+again, as the first attempt did.
 """
 
 from __future__ import annotations
@@ -67,12 +76,88 @@ def state_sha256(state: dict[str, torch.Tensor]) -> str:
 
 def prepare(module: torch.nn.Module, spec: FineTuneSpec) -> torch.nn.Module:
     """``module`` with the initial weights loaded (every name and shape as the network's:
-    ParamError otherwise) and the parameters ``spec.freeze`` matches frozen (ParamError for a
-    pattern that matches nothing, or for nothing left to train)."""
+    ParamError otherwise), the parameters ``spec.freeze`` matches frozen (ParamError for a
+    pattern that matches nothing, or for nothing left to train) and the adapters added."""
     if spec.base:
         _load(module, state_of(spec.base, spec.source), spec.source)
     if spec.freeze:
         _freeze(module, spec.freeze)
+    return add_adapters(module, spec)
+
+
+#: The layer types peft's LoRA adapts (their subclasses too; a target of another type is
+#: refused by name).
+_ADAPTABLE = ("Linear", "Embedding", "Conv1d", "Conv2d")
+
+
+def add_adapters(module: torch.nn.Module, spec: FineTuneSpec) -> torch.nn.Module:
+    """``module`` with peft's LoRA layers on the modules ``spec.adapter_targets`` names and
+    everything else frozen (as it is where ``spec.adapter`` is 'none')."""
+    if spec.adapter == "none":
+        return module
+    from peft import LoraConfig, inject_adapter_in_model
+
+    names = adapter_targets(module, spec.adapter_targets)
+    config = LoraConfig(r=spec.adapter_rank, lora_alpha=spec.adapter_alpha,
+                        lora_dropout=spec.adapter_dropout, target_modules=names)
+    inject_adapter_in_model(config, module)
+    for name, parameter in module.named_parameters():
+        parameter.requires_grad_(is_adapter(name))
+    return module
+
+
+def adapter_targets(module: torch.nn.Module, patterns: tuple[str, ...]) -> list[str]:
+    """The names of the modules ``patterns`` match (fnmatch on the module's name) of a type
+    LoRA adapts: ParamError for a pattern that matches none."""
+    from torch import nn
+
+    kinds = tuple(getattr(nn, kind) for kind in _ADAPTABLE)
+    adaptable = [name for name, sub in module.named_modules() if name and isinstance(sub, kinds)]
+    found: list[str] = []
+    for pattern in patterns:
+        hits = [name for name in adaptable if fnmatch.fnmatchcase(name, pattern)]
+        if not hits:
+            raise ParamError(f"adapterTargets={list(patterns)}: {pattern!r} matches no "
+                             f"{'/'.join(_ADAPTABLE)} module of the network (those: "
+                             f"{adaptable[:8]}{'...' if len(adaptable) > 8 else ''}); name "
+                             f"modules it has.")
+        found += [name for name in hits if name not in found]
+    return found
+
+
+def is_adapter(name: str) -> bool:
+    """Whether a parameter or state-dict entry belongs to a LoRA adapter."""
+    return ".lora_" in f".{name}"
+
+
+def trained(module: torch.nn.Module, state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` (the module's state dict) without its frozen parameters: what a checkpoint
+    keeps (buffers stay: they are not initial weights)."""
+    frozen = {name for name, p in module.named_parameters() if not p.requires_grad}
+    return {name: value for name, value in state.items() if name not in frozen}
+
+
+def load_trained(module: torch.nn.Module, state: dict[str, Any]) -> None:
+    """Load what :func:`trained` kept: every entry but the frozen parameters must be there."""
+    missing, unexpected = module.load_state_dict(state, strict=False)
+    frozen = {name for name, p in module.named_parameters() if not p.requires_grad}
+    wrong = sorted(set(missing) - frozen) + sorted(unexpected)
+    if wrong:
+        raise ParamError(f"the checkpoint does not fit this network and its frozen parameters "
+                         f"({wrong[:6]}); resume from another runId.")
+
+
+def merged(module: torch.nn.Module) -> torch.nn.Module:
+    """``module`` with each LoRA adapter merged into its layer's weights and the layer put
+    back in its place: the plain network, scoring as the adapted one did."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    for name, sub in list(module.named_modules()):
+        if isinstance(sub, BaseTunerLayer):
+            sub.merge()
+            parent, _, child = name.rpartition(".")
+            setattr(module.get_submodule(parent) if parent else module, child,
+                    sub.get_base_layer())
     return module
 
 

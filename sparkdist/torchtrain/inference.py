@@ -21,6 +21,7 @@ import pandas as pd
 
 from sparkdist.exceptions import ParamError
 from sparkdist.launch import gpus
+from sparkdist.torchtrain import finetune
 from sparkdist.torchtrain.network import build_module
 
 if TYPE_CHECKING:
@@ -85,6 +86,8 @@ def predict_batches(spec: ScoreSpec, batches: Any) -> Any:
     import torch
 
     module = build_module(spec.module, spec.module_kwargs, spec.input_dim, spec.output_dim)
+    if spec.adapters is not None:  # the adapters scored alongside their layers
+        finetune.add_adapters(module, spec.adapters)
     module.load_state_dict(torch.load(io.BytesIO(spec.weights), weights_only=True))
     if spec.quantization == "int8":
         device = torch.device("cpu")

@@ -173,6 +173,8 @@ class _Trainer:
             return None
         state = best["state"] if best else final
         assert state is not None  # rank 0 holds the whole state
+        if spec.finetune.adapter != "none":  # the adapters only: the base is initialWeights
+            state = finetune.trained(strategy.module, state)
         return pack_result(state, {"history": history, "best_epoch": best and best["epoch"],
                                    "rows": self.rows[0], "validation_rows": self.rows[1],
                                    "steps_per_epoch": self.steps, "world_size": world,

@@ -43,11 +43,13 @@ TRAJECTORY: dict[str, bool] = {
                      "validationFraction", "nanPolicy", "numClasses", "seed", "backend",
                      "syncEvery", "syncWarmupSteps", "maxStaleness", "gradientCompression",
                      "powerSgdRank", "numWorkers", "inputCols", "inputShapes",
-                     "maxSequenceLength", "initialWeights", "freeze"), True),
+                     "maxSequenceLength", "initialWeights", "freeze", "adapter", "adapterRank",
+                     "adapterAlpha", "adapterDropout", "adapterTargets"), True),
     # columns: the data identity of a resume covers what they read
     **dict.fromkeys(("labelCols", "weightCol"), False),
     **dict.fromkeys(("useGpu", "quantization", "timeoutSeconds", "rendezvousTimeoutSeconds",
-                     "progress", "allowUnencrypted", "checkpointEverySteps"), False)}
+                     "progress", "allowUnencrypted", "checkpointEverySteps", "mergeAdapters"),
+                   False)}
 
 
 def _use_gpu(value: Any) -> Any:
@@ -173,10 +175,15 @@ class HasScoring(Params):
         Params._dummy(), "quantization",
         "scoring: 'none' (float32) or 'int8' (dynamic int8 quantization of the Linear "
         "layers, CPU)", typeConverter=TypeConverters.toString)
+    mergeAdapters: Param[bool] = Param(
+        Params._dummy(), "mergeAdapters",
+        "scoring a model with LoRA adapters: merge them into the base weights (one matrix per "
+        "layer) instead of running them alongside", typeConverter=TypeConverters.toBoolean)
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
-        self._setDefault(batchSize=256, useGpu="auto", quantization="none")
+        self._setDefault(batchSize=256, useGpu="auto", quantization="none",
+                         mergeAdapters=False)
 
 
 class HasOptimization(HasSeed):
@@ -368,8 +375,9 @@ class HasLaunch(Params):
 
 
 class HasFineTuning(Params):
-    """initialWeights and freeze: a fit that starts from trained weights and trains part of
-    them (:mod:`sparkdist.torchtrain.finetune`)."""
+    """initialWeights, freeze and the adapter Params: a fit that starts from trained weights
+    and trains part of them, or low-rank adapters on them
+    (:mod:`sparkdist.torchtrain.finetune`)."""
 
     initialWeights: Param[str] = Param(
         Params._dummy(), "initialWeights",
@@ -382,15 +390,40 @@ class HasFineTuning(Params):
         "keep their initial values: no gradient, optimizer state or all-reduce traffic",
         typeConverter=TypeConverters.toListString)
 
+    adapter: Param[str] = Param(
+        Params._dummy(), "adapter",
+        "'none' (default), or 'lora': peft's low-rank adapters on the adapterTargets modules "
+        "of the initialWeights network, which stays frozen", typeConverter=TypeConverters.toString)
+    adapterRank: Param[int] = Param(Params._dummy(), "adapterRank", "LoRA rank r, >= 1",
+                                    typeConverter=TypeConverters.toInt)
+    adapterAlpha: Param[int] = Param(
+        Params._dummy(), "adapterAlpha", "LoRA alpha (the update is scaled by alpha / r), >= 1",
+        typeConverter=TypeConverters.toInt)
+    adapterDropout: Param[float] = Param(
+        Params._dummy(), "adapterDropout", "dropout on the adapters' input, in [0, 1)",
+        typeConverter=TypeConverters.toFloat)
+    adapterTargets: Param[list[str]] = Param(
+        Params._dummy(), "adapterTargets",
+        "module name patterns (fnmatch: ['blocks.*.attn', 'head']) of the Linear, Embedding "
+        "or Conv layers that get adapters", typeConverter=TypeConverters.toListString)
+
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
-        self._setDefault(initialWeights="", freeze=[])
+        self._setDefault(initialWeights="", freeze=[], adapter="none", adapterRank=8,
+                         adapterAlpha=16, adapterDropout=0.0, adapterTargets=[])
 
     def _finetune_spec(self, base: bytes, base_sha256: str) -> FineTuneSpec:
         """The fine-tuning part, with the initial weights read (``base``) by the estimator."""
-        return FineTuneSpec(base=base, base_sha256=base_sha256,
-                            source=self.getOrDefault("initialWeights"),
-                            freeze=tuple(self.getOrDefault("freeze")))
+        get = self.getOrDefault
+        if get("adapter") != "none" and not (base and get("adapterTargets")):
+            raise ParamError(f"adapter={get('adapter')!r} needs initialWeights (the base it "
+                             f"adapts) and adapterTargets (the modules it adapts, e.g. "
+                             f"['blocks.*.attn', 'head']).")
+        return FineTuneSpec(base=base, base_sha256=base_sha256, source=get("initialWeights"),
+                            freeze=tuple(get("freeze")), adapter=get("adapter"),
+                            adapter_rank=get("adapterRank"), adapter_alpha=get("adapterAlpha"),
+                            adapter_dropout=get("adapterDropout"),
+                            adapter_targets=tuple(get("adapterTargets")))
 
 
 class HasStepCheckpoints(Params):

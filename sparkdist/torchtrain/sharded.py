@@ -84,7 +84,7 @@ def save(where: str, model: torch.nn.Module, optimizer: Any) -> dict[str, Any] |
     if dist.get_rank() == 0:
         store.remove(where)  # what a killed save left under this name
     dist.barrier()
-    model_state, optimizer_state = get_state_dict(model, optimizer)
+    model_state, optimizer_state = get_state_dict(model, optimizer, options=_frozen_left_out())
     with _dcp_errors(f"writing the sharded checkpoint {where}", "check that checkpointDir "
                      "is writable by every executor and has room"):
         metadata = dcp.save({"model": model_state, "optimizer": optimizer_state},
@@ -121,13 +121,21 @@ def load(saved: dict[str, Any], model: torch.nn.Module, optimizer: Any) -> None:
     verify(where, files)
     # the templates: this rank's slices, in the layout of the current world size (this also
     # creates the optimizer's state, which DCP fills in place)
-    model_state, optimizer_state = get_state_dict(model, optimizer)
+    model_state, optimizer_state = get_state_dict(model, optimizer, options=_frozen_left_out())
     state: dict[str, Any] = {"model": model_state, "optimizer": optimizer_state}
     with _dcp_errors(f"reading the sharded checkpoint {where}", "resume from another runId, "
                      "or resume='never' to start again"):
         dcp.load(state, storage_reader=_reader(where), planner=_safe_planner())
     set_state_dict(model, optimizer, model_state_dict=state["model"],
-                   optim_state_dict=state["optimizer"])
+                   optim_state_dict=state["optimizer"], options=_frozen_left_out(strict=False))
+
+
+def _frozen_left_out(strict: bool = True) -> Any:
+    """Frozen parameters stay out of checkpoints (a resume takes them from initialWeights
+    again); loading leaves them as they are."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(ignore_frozen_params=True, strict=strict)
 
 
 def verify(where: str, files: dict[str, str]) -> None:

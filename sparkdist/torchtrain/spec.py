@@ -27,6 +27,7 @@ USE_GPU = ("auto", True, False)
 NAN_POLICIES = ("error", "drop")
 PIPELINE_SCHEDULES = ("gpipe", "1f1b")
 QUANTIZATIONS = ("none", "int8")
+ADAPTERS = ("none", "lora")
 
 
 def _at_least(low: int, **values: int) -> None:
@@ -227,6 +228,17 @@ class FineTuneSpec:
     base_sha256: str = ""  # of the state dict's names and tensors (finetune.state_sha256)
     source: str = ""  # initialWeights, for messages
     freeze: tuple[str, ...] = ()  # parameter or module name patterns (fnmatch)
+    adapter: str = "none"  # or 'lora': peft's LoRA on adapter_targets, the rest frozen
+    adapter_rank: int = 8
+    adapter_alpha: int = 16
+    adapter_dropout: float = 0.0
+    adapter_targets: tuple[str, ...] = ()  # module name patterns (fnmatch)
+
+    def __post_init__(self) -> None:
+        check_one_of("adapter", self.adapter, ADAPTERS)
+        _at_least(1, adapterRank=self.adapter_rank, adapterAlpha=self.adapter_alpha)
+        if not 0 <= self.adapter_dropout < 1:
+            raise ParamError(f"adapterDropout={self.adapter_dropout}: use a fraction in [0, 1).")
 
 
 @dataclass(frozen=True)
@@ -267,6 +279,7 @@ class ScoreSpec:
     quantization: str = "none"
     inputs: tuple[InputField, ...] = ()  # typed inputs, in the UDF's argument order
     label_width: int = 0  # outputs per row scored as an array (an array label, labelCols)
+    adapters: FineTuneSpec | None = None  # LoRA to add before loading ``weights`` (unmerged)
 
     def __post_init__(self) -> None:
         _at_least(1, batchSize=self.batch_size)

@@ -124,3 +124,96 @@ def test_a_pickled_object_as_initial_weights_is_refused_unopened(tasks, tmp_path
         TorchEstimator(labelCol="second", initialWeights=str(tmp_path / "evil.pt"),
                        **COMMON).fit(tasks)
     assert not mark.exists()
+
+
+# ----------------------------------------------------------------------------- adapters
+LORA = {"adapter": "lora", "adapterTargets": ["layers.*"], "adapterRank": 4,
+        "adapterAlpha": 8, "learningRate": 0.02}
+
+
+@pytest.fixture(scope="module")
+def adapted(tasks, pretrained, tmp_path_factory):
+    """LoRA adapters on the pretrained network, fitted on the second task under ddp, from a
+    copy of the base file (a test may change it)."""
+    import shutil
+
+    base = str(tmp_path_factory.mktemp("lora") / "base.pt")
+    shutil.copy(pretrained[2], base)
+    model = TorchEstimator(labelCol="second", epochs=8, initialWeights=base,
+                           **{**COMMON, **LORA}).fit(tasks)
+    return model, base
+
+
+def test_lora_adapters_train_alone_on_a_frozen_base(tasks, pretrained, adapted):
+    model, _ = adapted
+    assert model._weights and all(".lora_" in name for name in model._weights)
+    base = _state(pretrained[0])
+    module = model.module()
+    trained = module.state_dict()
+    assert all(torch.equal(base[name], trained[name.replace("weight", "base_layer.weight")
+                                                .replace("bias", "base_layer.bias")])
+               for name in base)
+    assert model.history[-1]["loss"] < 0.5 * model.history[0]["loss"]
+    assert _accuracy(model, tasks, "second") > _accuracy(pretrained[0], tasks, "second") + 0.05
+    first, last = (m.trainingSummary["ranks"][0] for m in (model, pretrained[0]))
+    assert first["sent_mb"] < last["sent_mb"]  # the adapters' gradients only
+
+
+def test_merged_adapters_score_as_the_separate_ones(tasks, adapted):
+    model, _ = adapted
+    separate = model.transform(tasks).select("rawPrediction").collect()
+    merged = model.copy({model.mergeAdapters: True}).transform(tasks).select(
+        "rawPrediction").collect()
+    np.testing.assert_allclose(np.array([r[0].toArray() for r in merged]),
+                               np.array([r[0].toArray() for r in separate]), atol=1e-5)
+    plain = model.copy({model.mergeAdapters: True}).module()
+    assert not any("lora" in name for name in plain.state_dict())
+
+
+def test_an_adapter_model_saves_the_adapters_and_refuses_a_changed_base(tasks, adapted,
+                                                                       tmp_path):
+    from sparkdist.exceptions import ModelLoadError
+    from sparkdist.models import TorchModel
+
+    model, base = adapted
+    model.write().save(str(tmp_path / "adapters"))
+    loaded = TorchModel.load(str(tmp_path / "adapters"))
+    first, second = (m.transform(tasks).select("probability").collect() for m in (model, loaded))
+    assert first == second
+    state = torch.load(base, weights_only=True)
+    state["layers.0.bias"] += 1.0
+    torch.save(state, base)
+    with pytest.raises(ModelLoadError, match="changed since the adapters were trained"):
+        TorchModel.load(str(tmp_path / "adapters"))
+
+
+def test_adapters_under_fsdp_reach_ddps_loss(tasks, adapted):
+    model, base = adapted
+    sharded = TorchEstimator(labelCol="second", epochs=8, initialWeights=base,
+                             strategy="fsdp", **{**COMMON, **LORA}).fit(tasks)
+    assert sharded.history[-1]["loss"] == pytest.approx(model.history[-1]["loss"], rel=0.05)
+
+
+def test_a_killed_rank_resumes_an_adapter_fit_to_the_uninterrupted_weights(tasks, pretrained,
+                                                                          tmp_path):
+    settings = {**COMMON, **LORA, "labelCol": "second", "epochs": 3,
+                "initialWeights": pretrained[2]}
+    clean = TorchEstimator(checkpointDir=str(tmp_path / "clean"), **settings).fit(tasks)
+    killed = arm(TorchEstimator(checkpointDir=str(tmp_path / "ckpt"), **settings),
+                 str(tmp_path), rank=1, epoch=2, step=3, action="kill").fit(tasks)
+    assert killed.trainingSummary["resumed_from_epoch"] == 1
+    assert clean._weights.keys() == killed._weights.keys()
+    assert all(torch.equal(clean._weights[k], killed._weights[k]) for k in clean._weights)
+
+
+@pytest.mark.parametrize(("params", "message"), [
+    ({"adapterTargets": ["decoder"]}, "'decoder' matches no Linear"),
+    ({"initialWeights": ""}, "adapter='lora' needs initialWeights"),
+    ({"strategy": "pipeline", "pipelineStages": 2}, "adapter='lora' with strategy='pipeline'"),
+    ({"adapterDropout": 1.0}, r"adapterDropout=1.0: use a fraction in \[0, 1\)"),
+])
+def test_bad_adapters_are_refused_naming_the_param(tasks, pretrained, params, message):
+    settings = {**COMMON, **LORA, "labelCol": "second", "epochs": 1,
+                "initialWeights": pretrained[2], **params}
+    with pytest.raises(ParamError, match=message):
+        TorchEstimator(**settings).fit(tasks)

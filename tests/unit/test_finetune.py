@@ -66,3 +66,27 @@ def _list_bytes() -> bytes:
     buffer = io.BytesIO()
     torch.save([torch.zeros(1)], buffer)
     return buffer.getvalue()
+
+
+def test_adapters_go_on_the_named_layers_only_and_merge_back_to_the_plain_network():
+    torch.manual_seed(0)
+    net = MLP(input_dim=3, output_dim=2, hidden=[8])
+    spec = FineTuneSpec(adapter="lora", adapter_rank=2, adapter_alpha=4,
+                        adapter_targets=("layers.0",))
+    assert finetune.adapter_targets(net, ("layers.*",)) == ["layers.0", "layers.2"]
+    with pytest.raises(ParamError, match="'layers.1' matches no Linear"):  # a ReLU
+        finetune.adapter_targets(net, ("layers.1",))
+    finetune.add_adapters(net, spec)
+    trainable = [n for n, p in net.named_parameters() if p.requires_grad]
+    assert trainable and all(finetune.is_adapter(n) and n.startswith("layers.0.")
+                             for n in trainable)
+    with torch.no_grad():  # a trained adapter: B no longer 0
+        for name, parameter in net.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_()
+    x = torch.randn(5, 3)
+    adapted = net(x)
+    plain = finetune.merged(net)
+    assert list(plain.state_dict()) == ["layers.0.weight", "layers.0.bias", "layers.2.weight",
+                                        "layers.2.bias"]
+    torch.testing.assert_close(plain(x), adapted, atol=1e-5, rtol=0)

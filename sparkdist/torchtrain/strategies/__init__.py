@@ -60,6 +60,8 @@ class Supports:
     #: (an array ``labelCol``, ``labelCols``) and row weights (``weightCol``), not only one
     #: features tensor and one label
     typed_inputs: bool = False
+    #: LoRA adapters (``adapter``) on a frozen base
+    adapters: bool = False
 
 
 @runtime_checkable
@@ -149,6 +151,9 @@ def check_compatible(spec: TrainSpec) -> None:
         ("inputCols (several typed inputs)", spec.model.inputs),
         ("labels of several values (labelCols or an array labelCol)", spec.model.label_width),
         ("weightCol (row weights)", spec.rules.weight_col)) if used]
+    if spec.finetune.adapter != "none" and not supports.adapters:
+        raise ParamError(f"adapter={spec.finetune.adapter!r} with strategy={name!r}: adapters "
+                         f"train under strategy='ddp' or 'fsdp'.")
     if typed and not supports.typed_inputs:
         raise ParamError(f"{typed[0]} with strategy={name!r}: this strategy feeds one "
                          f"features tensor and one label; use strategy='ddp' or 'fsdp' (or "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from sparkdist.torchtrain import finetune
 from sparkdist.torchtrain.network import forward, loss_sum, make_optimizer
 
 if TYPE_CHECKING:
@@ -76,7 +77,11 @@ class WholeModel:
         directory ``where`` and returns what finds it again. Collective."""
         if self.context.rank != 0:
             return None
-        return {"model": self.full_state(), "optimizer": optimizer.state_dict()}
+        model = self.full_state()
+        assert model is not None  # rank 0's
+        # frozen parameters stay out: a resume takes them from initialWeights again
+        return {"model": finetune.trained(self.module, model),
+                "optimizer": optimizer.state_dict()}
 
     def state_bytes(self, optimizer: Any) -> int:
         """Bytes this rank holds of parameters, gradients and optimizer state (its shards
@@ -90,5 +95,5 @@ class WholeModel:
 
     def load_training_state(self, saved: dict[str, Any], optimizer: Any) -> None:
         """Restore what :meth:`save_training_state` returned (read back by every rank)."""
-        self.module.load_state_dict(saved["model"])
+        finetune.load_trained(self.module, saved["model"])
         optimizer.load_state_dict(saved["optimizer"])

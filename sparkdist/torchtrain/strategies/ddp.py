@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 SUPPORTS = strategies.Supports(backends=("torch", "horovod"),
                                compressions=compression.COMPRESSIONS, local_steps=True,
-                               typed_inputs=True)
+                               typed_inputs=True, adapters=True)
 usable = strategies.any_world
 
 

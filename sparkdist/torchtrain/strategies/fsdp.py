@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 SUPPORTS = strategies.Supports(
     backends=("torch",), why="FSDP shards through torch.distributed collectives (all-gather, "
-    "reduce-scatter), which Horovod does not provide", typed_inputs=True)
+    "reduce-scatter), which Horovod does not provide", typed_inputs=True, adapters=True)
 usable = strategies.any_world
 
 CPU_MIXED_PRECISION = (
