@@ -68,6 +68,7 @@ from sparkdist.columns import check_one_of, require_columns
 from sparkdist.exceptions import ModelLoadError, ParamError
 from sparkdist.launch.preflight import preflight
 from sparkdist.models import _torch_checks as checks
+from sparkdist.models import _torch_finetune as tuned
 from sparkdist.models._accessors_torch import (
     _TorchEstimatorAccessors,
     _TorchEstimatorInit,
@@ -96,7 +97,6 @@ from sparkdist.torchtrain.params import (
 )
 from sparkdist.torchtrain.spec import (
     QUANTIZATIONS,
-    FineTuneSpec,
     InputField,
     ScoreSpec,
     TrainSpec,
@@ -292,7 +292,7 @@ class TorchEstimator(_TorchEstimatorInit, Estimator, _TorchParams, HasOptimizati
         url = self.getOrDefault("initialWeights")
         if not url:
             return b"", ""
-        raw, state = _read_weights(url)
+        raw, state = tuned.read_weights(url, TorchModel.load)
         return raw, finetune.state_sha256(state)
 
     def _fingerprint(self, dataset: DataFrame, stats: dict[str, Any],
@@ -423,36 +423,10 @@ class TorchModel(Model, _TorchParams, PersistentModel, _TorchModelAccessors):
         if not self._info.get("adapter"):
             module.load_state_dict(self._weights)
             return module
-        finetune.prepare(module, dataclasses.replace(self._adapters(), base=self._base_bytes()))
-        finetune.load_trained(module, self._weights)
-        return finetune.merged(module) if self.getOrDefault("mergeAdapters") else module
-
-    def _adapters(self) -> FineTuneSpec:
-        """The adapters it was trained with (their config from its metadata)."""
-        saved = self._info["adapter"]
-        return FineTuneSpec(adapter="lora", adapter_rank=int(saved["rank"]),
-                            adapter_alpha=int(saved["alpha"]),
-                            adapter_dropout=float(saved["dropout"]),
-                            adapter_targets=tuple(str(t) for t in saved["targets"]))
-
-    def _base_bytes(self) -> bytes:
-        """The base weights the adapters were trained on, read from where initialWeights
-        named them: ModelLoadError where they are gone or their SHA-256 changed."""
         if not self._base:
-            record = self._info["initial_weights"]
-            try:
-                raw, state = _read_weights(str(record["source"]))
-            except ParamError as err:
-                raise ModelLoadError(f"the base weights of these adapters cannot be read: "
-                                     f"{err}") from err
-            found = finetune.state_sha256(state)
-            if found != record["sha256"]:
-                raise ModelLoadError(f"the base weights at {record['source']!r} changed since "
-                                     f"the adapters were trained on them (SHA-256 {found}, "
-                                     f"trained on {record['sha256']}); give the adapters their "
-                                     f"base back, or fine-tune again.")
-            self._base = raw
-        return self._base
+            self._base = tuned.base_of(self._info, TorchModel.load)
+        return tuned.adapted(module, self._info, self._base, self._weights,
+                             self.getOrDefault("mergeAdapters"))
 
     def inputFields(self) -> tuple[InputField, ...]:
         """The typed inputs the network was trained on (``inputCols``); () for one features
@@ -497,7 +471,7 @@ class TorchModel(Model, _TorchParams, PersistentModel, _TorchModelAccessors):
         spec = ScoreSpec(module=network.resolve_model(get("model")),
                          module_kwargs=dict(get("modelKwargs") or {}),
                          weights=inference.weights_bytes(weights),
-                         adapters=self._adapters() if separate else None,
+                         adapters=tuned.adapters_of(self._info) if separate else None,
                          input_dim=int(self._info["input_dim"]),
                          output_dim=int(self._info["output_dim"]), loss=get("loss"),
                          batch_size=get("batchSize"), use_gpu=get("useGpu"),
@@ -590,26 +564,6 @@ class TorchModel(Model, _TorchParams, PersistentModel, _TorchModelAccessors):
 
 
 # ----------------------------------------------------------------------------- helpers
-def _read_weights(url: str) -> tuple[bytes, dict[str, Any]]:
-    """The state dict at ``url`` (``initialWeights``), as torch.save'd bytes and tensors: a
-    saved TorchModel's directory through its strict reader, a file with weights_only=True;
-    ParamError naming the Param for anything else."""
-    from sparkdist import store
-    from sparkdist.exceptions import StoreError
-
-    try:
-        if store.is_file(url):
-            raw = store.read_bytes(url)
-            return raw, finetune.state_of(raw, url)
-        if store.exists(url):
-            state = TorchModel.load(url)._weights
-            return inference.weights_bytes(state), state
-    except (StoreError, ModelLoadError) as err:
-        raise ParamError(f"initialWeights={url!r} cannot be read: {err}") from err
-    raise ParamError(f"initialWeights={url!r} does not exist; give a saved TorchModel's "
-                     f"directory or a state-dict file.")
-
-
 def _user_frame_level() -> int:
     """The ``stacklevel`` (seen from the caller's caller) of the first frame outside
     sparkdist and pyspark: a warning names the user's line, not keyword_only's."""
@@ -624,14 +578,14 @@ def _model_state(spec: TrainSpec) -> dict[str, Any]:
     typed = {"inputs": [f.saved() for f in spec.model.inputs]} if spec.model.inputs else {}
     several: dict[str, Any] = {"label_width": spec.model.label_width} \
         if spec.model.label_width else {}
-    tuned = spec.finetune
-    if tuned.base or tuned.freeze:  # where the weights started, for the record
-        several["initial_weights"] = {"source": tuned.source, "sha256": tuned.base_sha256,
-                                      "freeze": list(tuned.freeze)}
-    if tuned.adapter != "none":
-        several["adapter"] = {"rank": tuned.adapter_rank, "alpha": tuned.adapter_alpha,
-                              "dropout": tuned.adapter_dropout,
-                              "targets": list(tuned.adapter_targets)}
+    fine = spec.finetune
+    if fine.base or fine.freeze:  # where the weights started, for the record
+        several["initial_weights"] = {"source": fine.source, "sha256": fine.base_sha256,
+                                      "freeze": list(fine.freeze)}
+    if fine.adapter != "none":
+        several["adapter"] = {"rank": fine.adapter_rank, "alpha": fine.adapter_alpha,
+                              "dropout": fine.adapter_dropout,
+                              "targets": list(fine.adapter_targets)}
     return {"input_dim": spec.model.input_dim, "output_dim": spec.model.output_dim,
             "num_classes": spec.model.num_classes, "run_id": spec.checkpoint.run_id, **typed,
             **several}
