@@ -34,7 +34,7 @@ RESULTS = BENCH / "results"
 LATEST = RESULTS / "latest.json"
 PAGE = REPO / "docs" / "performance.md"
 SCRIPTS = ("split_assembly", "classical", "deep", "parallel", "communication", "quantization",
-           "daemon_memory", "inputs")
+           "daemon_memory", "inputs", "finetune")
 #: A run is noise, not a result, where the 1-minute load average exceeded this before it
 #: started (or, for a result without per-process figures, at any sample) ...
 NOISY_LOAD = 1.5
@@ -190,7 +190,7 @@ def stored(names: tuple[str, ...] = SCRIPTS) -> dict[str, tuple[dict[str, Any], 
 # -- the comparison table ------------------------------------------------------------------
 
 #: Which way is better, by unit, for a row whose target does not say.
-LOWER_IS_BETTER = {"s", "MiB", "bytes", "syncs", "RMSE"}
+LOWER_IS_BETTER = {"s", "MiB", "bytes", "syncs", "RMSE", "loss", "difference", "parameters"}
 
 
 def table(figures: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -201,7 +201,8 @@ def table(figures: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
                           ("deep", _deep_rows), ("parallel", _parallel_rows),
                           ("communication", _communication_rows),
                           ("quantization", _quantization_rows),
-                          ("daemon_memory", _daemon_rows), ("inputs", _inputs_rows)):
+                          ("daemon_memory", _daemon_rows), ("inputs", _inputs_rows),
+                          ("finetune", _finetune_rows)):
         if name not in figures:
             continue
 
@@ -339,6 +340,35 @@ def _inputs_rows(f: dict[str, Any], row: Any) -> None:
     row(f"Token-sequence fit, peak worker RSS, {memory['large_rows']:,} vs "
         f"{memory['small_rows']:,} rows", memory["large_peak_mb"], memory["small_peak_mb"],
         memory["ratio"], memory["target"], "MiB", memory["definition"])
+
+
+def _finetune_rows(f: dict[str, Any], row: Any) -> None:
+    """bench/finetune.py: LoRA adapters against full fine-tuning of the same model."""
+    setup = f["setup"]
+    what = (f"CausalLM ({f['trainable']['model_params']:,} parameters), LoRA vs full "
+            f"fine-tuning, {setup['rows']:,} rows x {setup['epochs']} epochs, 2 workers")
+    share = f["trainable"]
+    row(f"{what}: trainable parameters (reference: all)", share["adapter_params"],
+        share["model_params"], share["share"], share["target"], "parameters",
+        "the LoRA adapters' parameters over the model's")
+    for key in ("optimizer", "allreduce"):
+        part = f[key]
+        row(f"{what}: {part['what']}", part["lora"], part["full"], part["ratio"],
+            part["target"], "MiB" if key == "optimizer" else "bytes", part["what"])
+    loss = f["loss"]
+    row("CausalLM second task, test loss after LoRA vs the base's before it", loss["after"],
+        loss["before"], loss["ratio"], loss["target"], "loss",
+        "cross-entropy on 2,000 held-out rows of the second task")
+    for kind in ("warm", "cold"):
+        side = f["speed"][kind]
+        row(f"{what}: samples/s, {kind} (LoRA over full)", side["lora_samples_per_s"],
+            side["full_samples_per_s"], side["ratio"], "-", "samples/s",
+            "wall clock on the driver around the whole fit; cold: each side's first call, "
+            "warm: the median of the calls after it, the sides alternating")
+    merged = f["merged"]
+    row("TorchModel with LoRA adapters, merged vs separate: largest rawPrediction difference",
+        merged["max_abs_difference"], 0.0, merged["max_abs_difference"], merged["target"],
+        "difference", "the largest absolute difference over 2,000 rows")
 
 
 def _deep_rows(f: dict[str, Any], row: Any) -> None:
@@ -494,7 +524,7 @@ def chart(rows: list[dict[str, Any]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     # accuracy and AUC rows compare to a target by a difference or a level, not a ratio
-    shown = [r for r in rows if r["unit"] not in ("accuracy", "AUC", "syncs")
+    shown = [r for r in rows if r["unit"] not in ("accuracy", "AUC", "syncs", "difference")
              and isinstance(r["ratio"], (int, float)) and r["ratio"] > 0][::-1]
     fig, ax = plt.subplots(figsize=(12, 0.55 * len(shown) + 2))
     for y, r in enumerate(shown):

@@ -376,12 +376,13 @@ class TorchModel(Model, _TorchParams, PersistentModel, _TorchModelAccessors):
         rank's training seconds split into waiting for data, computing, waiting on the
         gradient all-reduce beyond what overlaps computation, and the rest (validation,
         checkpoints), its peak memory, the MiB it holds of parameters, gradients and
-        optimizer state (its shards under fsdp/tensor, its stage under pipeline) and the MiB
-        it sent over TCP while training: ``[{"rank": 0, "data_s": ..., "compute_s": ...,
-        "communication_s": ..., "other_s": ..., "peak_rss_mb": ..., "state_mb": ...,
-        "sent_mb": ...}]``; strategy: the strategy it trained with; worker_counts: the world
-        size of each training attempt, e.g. ``[3, 2]`` where an elastic fit (minWorkers) went
-        on with 2 workers after losing one."""
+        optimizer state (its shards under fsdp/tensor, its stage under pipeline), of the
+        optimizer state alone, and the MiB it sent over TCP while training: ``[{"rank": 0,
+        "data_s": ..., "compute_s": ..., "communication_s": ..., "other_s": ...,
+        "peak_rss_mb": ..., "state_mb": ..., "optimizer_mb": ..., "sent_mb": ...}]``;
+        strategy: the strategy it trained with; worker_counts: the world size of each
+        training attempt, e.g. ``[3, 2]`` where an elastic fit (minWorkers) went on with 2
+        workers after losing one."""
         keys = ("rows", "validation_rows", "steps_per_epoch", "world_size", "batch_size",
                 "global_batch_size", "best_epoch", "spill_seconds", "run_id",
                 "resumed_from_epoch", "resumed_from_step", "placement", "ranks", "strategy",

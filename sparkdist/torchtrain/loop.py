@@ -162,7 +162,7 @@ class _Trainer:
         started, sent = time.perf_counter(), tcp_bytes_sent()
         history, best = self._epochs(train, validation, resumed or {})
         ranks = self._all_ranks(time.perf_counter() - started, strategy.state_bytes(optimizer),
-                                tcp_bytes_sent() - sent)
+                                _optimizer_bytes(optimizer), tcp_bytes_sent() - sent)
         # training is over: free the optimizer state and gradients (the last checkpoint has
         # them) before rank 0 gathers and serialises the whole model
         optimizer.state.clear()
@@ -350,14 +350,14 @@ class _Trainer:
             metrics["val_accuracy"] = float(sums[1]) / self.rows[1]
         return metrics
 
-    def _all_ranks(self, train_seconds: float, state_bytes: int,
+    def _all_ranks(self, train_seconds: float, state_bytes: int, optimizer_bytes: int,
                    sent_bytes: int) -> list[dict[str, Any]]:
         """Every rank's time split, peak memory, the bytes it holds of parameters, gradients
-        and optimizer state, and the bytes it sent while training (one all-reduce, after the
-        last epoch)."""
-        fields = StepClock.FIELDS + ("peak_rss_mb", "state_mb", "sent_mb")
+        and optimizer state (and of the optimizer state alone), and the bytes it sent while
+        training (one all-reduce, after the last epoch)."""
+        fields = StepClock.FIELDS + ("peak_rss_mb", "state_mb", "optimizer_mb", "sent_mb")
         rows = self._gather([*self.clock.split(train_seconds), peak_rss_mb(),
-                             state_bytes / 2**20, sent_bytes / 2**20])
+                             state_bytes / 2**20, optimizer_bytes / 2**20, sent_bytes / 2**20])
         return [{"rank": rank, **{name: round(float(value), 3)
                                   for name, value in zip(fields, row)}}
                 for rank, row in enumerate(rows)]
@@ -369,3 +369,11 @@ class _Trainer:
         table = torch.zeros((self.context.world_size, len(values)), dtype=torch.float64)
         table[self.context.rank] = torch.tensor(values, dtype=torch.float64)
         return self.backend.all_reduce_sum(table)
+
+
+def _optimizer_bytes(optimizer: Any) -> int:
+    """Bytes of this rank's optimizer state (its shards only, for a sharded model)."""
+    tensors = (value for state in optimizer.state.values() for value in state.values()
+               if hasattr(value, "element_size"))
+    local = (t.to_local() if hasattr(t, "to_local") else t for t in tensors)
+    return sum(t.numel() * t.element_size() for t in local)

@@ -168,3 +168,51 @@ class ClickInteractions(nn.Module):
         pairs = torch.triu_indices(vectors.shape[1], vectors.shape[1], 1, device=ids.device)
         products = torch.bmm(vectors, vectors.transpose(1, 2))[:, pairs[0], pairs[1]]
         return torch.cat([vectors[:, 0], products], 1)
+
+
+class CausalLM(nn.Module):
+    """A small decoder-only (causal) transformer over token ids that predicts the token after
+    each sequence: token and position embeddings, ``layers`` pre-norm blocks of causal
+    self-attention (``q``, ``k``, ``v``, ``o``: plain Linear layers, so LoRA can target them)
+    and an MLP, and a ``head`` on the last real token (``tokens_mask``) to ``vocab`` logits.
+
+    >>> net = CausalLM(vocab=20, dim=16, layers=1, heads=2, max_length=8)
+    >>> net(torch.ones(2, 5, dtype=torch.long), torch.ones(2, 5, dtype=torch.bool)).shape
+    torch.Size([2, 20])
+    """
+
+    def __init__(self, vocab: int, dim: int = 256, layers: int = 4, heads: int = 4,
+                 max_length: int = 64) -> None:
+        super().__init__()
+        self.embedding_sizes = {"tokens": vocab}
+        self.tokens, self.positions = nn.Embedding(vocab, dim), nn.Embedding(max_length, dim)
+        self.blocks = nn.ModuleList(Block(dim, heads) for _ in range(layers))
+        self.norm, self.head = nn.LayerNorm(dim), nn.Linear(dim, vocab)
+
+    def forward(self, tokens: torch.Tensor, tokens_mask: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        hidden = self.tokens(tokens) + self.positions(positions)
+        for block in self.blocks:
+            hidden = block(hidden)
+        last = tokens_mask.sum(1).clamp(min=1) - 1  # padding sits after: causal attention
+        return self.head(self.norm(hidden[torch.arange(len(tokens)), last]))  # never sees it
+
+
+class Block(nn.Module):
+    """One pre-norm block of :class:`CausalLM`: causal self-attention, then an MLP."""
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.q, self.k, self.v, self.o = (nn.Linear(dim, dim) for _ in range(4))
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows, length, dim = x.shape
+        h = self.norm1(x)
+        q, k, v = (layer(h).view(rows, length, self.heads, -1).transpose(1, 2)
+                   for layer in (self.q, self.k, self.v))
+        attended = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.o(attended.transpose(1, 2).reshape(rows, length, dim))
+        return x + self.mlp(self.norm2(x))
