@@ -3,21 +3,16 @@ ratios against fp32, the best mode's verdict), and its --quick run end to end.""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-sys.path.insert(0, str(BENCH))  # its `from _common import ...`
-_spec = importlib.util.spec_from_file_location("sparkdist_bench_communication",
-                                               BENCH / "communication.py")
-communication = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(communication)
+from tests.benchscripts import BENCH, load
+
+communication = load("communication")
 
 
 def _run(seconds, sent, accuracies, epoch_s=1.0, skipped=(0, 0)):

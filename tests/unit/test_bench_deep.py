@@ -3,18 +3,13 @@ bare feed's task and the memory figure."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pyarrow as pa
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-_spec = importlib.util.spec_from_file_location("sparkdist_bench_deep", BENCH / "deep.py")
-deep = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = deep  # dataclasses look their module up there
-_spec.loader.exec_module(deep)
+from tests.benchscripts import load
+
+deep = load("deep")
 
 
 class _Capture:

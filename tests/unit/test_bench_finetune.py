@@ -3,23 +3,11 @@ says; its trainable share counts the adapters only."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-
-
-def _load(name: str):
-    sys.path.insert(0, str(BENCH))  # the scripts import _common as a sibling
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.benchscripts import load
 
 
 def test_the_finetune_figures_make_page_rows_with_their_targets():
-    report = _load("report")
+    report = load("report")
     speed = {"lora_samples_per_s": 900, "full_samples_per_s": 600, "ratio": 1.5}
     figures = {
         "trainable": {"adapter_params": 10, "model_params": 1000, "share": 0.01,
@@ -45,7 +33,7 @@ def test_trainable_share_counts_the_adapters_only():
     from sparkdist.torchtrain import finetune, nets
     from sparkdist.torchtrain.spec import FineTuneSpec
 
-    bench = _load("finetune")
+    bench = load("finetune")
     net = nets.CausalLM(vocab=8, dim=8, layers=1, heads=2, max_length=4)
     finetune.add_adapters(net, FineTuneSpec(adapter="lora", adapter_rank=2,
                                             adapter_targets=("blocks.*.q",)))

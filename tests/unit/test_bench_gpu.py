@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -12,15 +11,13 @@ from types import ModuleType
 
 import pytest
 
+from tests.benchscripts import load
+
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "gpu.py"
 
 
 def load_bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_gpu", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load("gpu")
 
 
 def test_without_cuda_it_prints_the_skip_line_and_exits_0():

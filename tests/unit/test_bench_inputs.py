@@ -3,26 +3,14 @@ figures become the performance page's rows, each way round as the target says.""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import numpy as np
 import pyarrow as pa
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-
-
-def _load(name: str):
-    sys.path.insert(0, str(BENCH))  # the scripts import _common as a sibling
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.benchscripts import load
 
 
 def test_the_bare_scan_turns_every_batch_into_the_feeds_arrays_and_counts_rows():
-    bench = _load("inputs")
+    bench = load("inputs")
     batches = [pa.RecordBatch.from_pydict({
         "dense": pa.array([[1.0] * 13] * n, pa.list_(pa.float32())),
         "ids": pa.array([list(range(26))] * n, pa.list_(pa.int64())),
@@ -32,7 +20,7 @@ def test_the_bare_scan_turns_every_batch_into_the_feeds_arrays_and_counts_rows()
 
 
 def test_the_inputs_figures_make_page_rows_with_their_targets():
-    report = _load("report")
+    report = load("report")
     figures = {"feed": {"fit_rows_per_s": 80, "bare_rows_per_s": 100, "ratio": 0.8,
                         "target": ">= 0.8", "definition": "feed"},
                "click_auc": {"sparkdist_auc": 0.7, "single_process_auc": 0.701,

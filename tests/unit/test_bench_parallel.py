@@ -2,15 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+from tests.benchscripts import load
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-sys.path.insert(0, str(BENCH))  # its `from _common import ...`
-_spec = importlib.util.spec_from_file_location("sparkdist_bench_parallel", BENCH / "parallel.py")
-parallel = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(parallel)
+parallel = load("parallel")
 
 SHAPE = {"epochs": 2}
 

@@ -4,7 +4,6 @@ figure)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -14,16 +13,13 @@ from types import ModuleType
 
 import pytest
 
+from tests.benchscripts import load
+
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "quantization.py"
 
 
 def load_bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_quantization", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load("quantization")
 
 
 def test_quick_sizes_are_tiny_and_the_defaults_are_the_large_mlp():

@@ -4,7 +4,6 @@ from this repository's real git history) or NOISY (a busy machine). No Spark."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -15,12 +14,10 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-sys.path.insert(0, str(BENCH))  # report.py and the benchmarks import _common from there
-_spec = importlib.util.spec_from_file_location("sparkdist_bench_report", BENCH / "report.py")
-report = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(report)
-import _common  # noqa: E402
+from tests.benchscripts import BENCH, load
+
+report = load("report")
+import _common  # noqa: E402  (bench/ is on the path now)
 
 #: A commit of this repository's history (the package skeleton) and one path that changed
 #: after it.
