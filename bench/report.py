@@ -430,7 +430,7 @@ def judged(rows: list[dict[str, Any]], results: dict[str, tuple[dict[str, Any], 
 
 def met(row: dict[str, Any]) -> bool | None:
     """Whether the ratio meets the row's target; None without a target."""
-    match = re.fullmatch(r"(<=|>=) *([-\d.]+)", str(row["target"]).strip())
+    match = re.fullmatch(r"(<=|>=) *([-+\d.eE]+)", str(row["target"]).strip())
     if not match or not isinstance(row["ratio"], (int, float)):
         return None
     bound = float(match.group(2))

@@ -246,3 +246,22 @@ def test_a_causal_lm_pretrained_on_one_task_is_lora_tuned_to_another(spark, tmp_
                            adapterRank=4, adapterAlpha=8, **lm).fit(second)
     assert tuned.history[-1]["loss"] <= 0.5 * tuned.history[0]["loss"]
     assert _accuracy(tuned, second, "label") > _accuracy(base, second, "label") + 0.5
+
+
+def test_initial_weights_come_from_an_object_store(tasks, pretrained, moto_s3):
+    """A state-dict file and a saved TorchModel on S3 (the moto server), the base of a fit
+    with adapters; the adapter model reads its base from there again when loaded."""
+    from sparkdist.models import TorchModel
+
+    base, _, weights = pretrained
+    if not moto_s3.exists("finetune-bases"):
+        moto_s3.mkdir("finetune-bases")
+    moto_s3.put(weights, "finetune-bases/weights.pt")
+    base.write().overwrite().save("s3://finetune-bases/model")
+    for url in ("s3://finetune-bases/weights.pt", "s3://finetune-bases/model"):
+        model = TorchEstimator(labelCol="second", epochs=1, initialWeights=url,
+                               **{**COMMON, **LORA}).fit(tasks)
+        assert model._info["initial_weights"]["source"] == url
+    model.write().save("s3://finetune-bases/adapters")
+    loaded = TorchModel.load("s3://finetune-bases/adapters")
+    assert torch.equal(next(iter(loaded._weights.values())), next(iter(model._weights.values())))

@@ -25,6 +25,8 @@ def test_the_finetune_figures_make_page_rows_with_their_targets():
         (0.01, "lower"), (0.01, "lower"), (0.01, "lower"), (0.125, "lower"), (1.5, "higher"),
         (1.5, "higher"), (3e-6, "lower")]
     assert [r["unit"] for r in rows][-1] == "difference"
+    assert report.met(rows[-1]) is True  # a target in scientific notation is judged too
+    assert report.met({**rows[-1], "ratio": 1.2e-5}) is False
 
 
 def test_trainable_share_counts_the_adapters_only():
