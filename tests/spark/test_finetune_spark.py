@@ -16,6 +16,7 @@ import torch
 from sparkdist.exceptions import ParamError
 from sparkdist.failpoints import arm
 from sparkdist.models import TorchEstimator
+from sparkdist.torchtrain.backends import horovod_available
 
 COMMON = {"progress": False, "numWorkers": 2, "seed": 9, "rendezvousTimeoutSeconds": 60,
           "featureCols": ["x1", "x2", "x3"], "modelKwargs": {"hidden": [32, 32]},
@@ -265,3 +266,24 @@ def test_initial_weights_come_from_an_object_store(tasks, pretrained, moto_s3):
     model.write().save("s3://finetune-bases/adapters")
     loaded = TorchModel.load("s3://finetune-bases/adapters")
     assert torch.equal(next(iter(loaded._weights.values())), next(iter(model._weights.values())))
+
+
+# ------------------------------------------------------------ the other strategies and backend
+@pytest.mark.horovod
+@pytest.mark.skipif(os.environ.get("SPARKDIST_REQUIRE_HOROVOD") != "1"
+                    and not horovod_available(), reason="horovod.torch is not importable")
+def test_horovod_and_pipeline_leave_the_frozen_layers_bitwise(tasks, pretrained):
+    base, directory, _ = pretrained
+    before = _state(base)
+    for settings in ({"backend": "horovod"}, {"strategy": "pipeline", "pipelineStages": 2}):
+        tuned = TorchEstimator(labelCol="second", epochs=2, initialWeights=directory,
+                               freeze=["layers.2"], **{**COMMON, **settings}).fit(tasks)
+        after = _state(tuned)
+        assert all(torch.equal(before[k], after[k]) for k in before if k.startswith("layers.2"))
+        assert not torch.equal(before["layers.0.weight"], after["layers.0.weight"]), settings
+    # a pipeline stage left with nothing to train is refused before launch
+    with pytest.raises(ParamError, match="stage 0 would run only 0, 1, which hold no "
+                                         "trainable parameters"):
+        TorchEstimator(labelCol="second", epochs=1, initialWeights=directory,
+                       freeze=["layers.0"], strategy="pipeline", pipelineStages=2,
+                       **COMMON).fit(tasks)
