@@ -25,6 +25,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import io
+import re
 from typing import TYPE_CHECKING, Any
 
 from sparkdist.exceptions import ParamError
@@ -98,8 +99,10 @@ def add_adapters(module: torch.nn.Module, spec: FineTuneSpec) -> torch.nn.Module
     from peft import LoraConfig, inject_adapter_in_model
 
     names = adapter_targets(module, spec.adapter_targets)
+    # a regex is matched against the whole name (a list would also match name suffixes)
+    exactly = "|".join(re.escape(name) for name in names)
     config = LoraConfig(r=spec.adapter_rank, lora_alpha=spec.adapter_alpha,
-                        lora_dropout=spec.adapter_dropout, target_modules=names)
+                        lora_dropout=spec.adapter_dropout, target_modules=exactly)
     inject_adapter_in_model(config, module)
     for name, parameter in module.named_parameters():
         parameter.requires_grad_(is_adapter(name))

@@ -148,7 +148,7 @@ class _Trainer:
         self.rows = (int(counts[:, 0].sum()), int(counts[:, 1].sum()))
         # weights scaled to a mean of 1 over the training rows: the per-row averaging of
         # every step then gives the weighted mean (sum of w x loss over the sum of w)
-        self.weight_scale = self.rows[0] / weight
+        self.weight_scale = self.rows[0] / weight if weight else 1.0
         self.most_validation_rows = int(counts[:, 1].max())
         torch.manual_seed(spec.optim.seed)  # identical initial weights on every rank
         model = spec.model
