@@ -90,3 +90,15 @@ def test_adapters_go_on_the_named_layers_only_and_merge_back_to_the_plain_networ
     assert list(plain.state_dict()) == ["layers.0.weight", "layers.0.bias", "layers.2.weight",
                                         "layers.2.bias"]
     torch.testing.assert_close(plain(x), adapted, atol=1e-5, rtol=0)
+
+
+def test_a_checkpoint_keeps_what_trains_and_its_load_refuses_a_missing_part():
+    net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2),
+                              torch.nn.Linear(2, 1))
+    finetune.prepare(net, FineTuneSpec(freeze=("0",)))
+    kept = finetune.trained(net, net.state_dict())
+    assert not any(name.startswith("0.") for name in kept)  # frozen: from initialWeights
+    assert "1.running_mean" in kept and "2.weight" in kept  # buffers and what trains stay
+    finetune.load_trained(net, kept)
+    with pytest.raises(ParamError, match=r"does not fit this network .*2.weight"):
+        finetune.load_trained(net, {k: v for k, v in kept.items() if k != "2.weight"})
