@@ -368,7 +368,10 @@ def _finetune_rows(f: dict[str, Any], row: Any) -> None:
     merged = f["merged"]
     row("TorchModel with LoRA adapters, merged vs separate: largest rawPrediction difference",
         merged["max_abs_difference"], 0.0, merged["max_abs_difference"], merged["target"],
-        "difference", "the largest absolute difference over 2,000 rows")
+        "difference", "the largest absolute difference over 2,000 rows"
+        + (f", where the largest |logit| is {merged['largest_abs_logit']:.1f} (float32 "
+           f"spacing up to {merged['largest_abs_logit'] / 2**23:.1e})"
+           if "largest_abs_logit" in merged else ""))
 
 
 def _deep_rows(f: dict[str, Any], row: Any) -> None:

@@ -58,6 +58,10 @@ class _Shared1(Params):
         """Gets the value of :py:attr:`quantization` or its default value."""
         return self.getOrDefault("quantization")
 
+    def getSaveBase(self) -> bool:
+        """Gets the value of :py:attr:`saveBase` or its default value."""
+        return self.getOrDefault("saveBase")
+
     def getUseGpu(self) -> Any:
         """Gets the value of :py:attr:`useGpu` or its default value."""
         return self.getOrDefault("useGpu")
@@ -142,6 +146,12 @@ class _Shared1(Params):
         name."""
         return self._set(rawPredictionCol=value)
 
+    def setSaveBase(self: _S, value: bool) -> _S:
+        """Sets the value of :py:attr:`saveBase`: saving a model with LoRA adapters: also copy the
+        base weights into its directory, so that it loads where the initialWeights path is gone;
+        False (default): the base is referenced by path and SHA-256."""
+        return self._set(saveBase=value)
+
     def setUseGpu(self: _S, value: Any) -> _S:
         """Sets the value of :py:attr:`useGpu`: 'auto' (the GPU Spark assigned to the task, when
         there is one), True or False."""
@@ -185,8 +195,8 @@ class _TorchEstimatorInit(Params):
         predictionCol: str | None = None, probabilityCol: str | None = None,
         progress: bool | None = None, quantization: str | None = None,
         rawPredictionCol: str | None = None, rendezvousTimeoutSeconds: float | None = None,
-        resume: str | None = None, runId: str | None = None, seed: int | None = None,
-        slotWaitSeconds: float | None = None, strategy: str | None = None,
+        resume: str | None = None, runId: str | None = None, saveBase: bool | None = None,
+        seed: int | None = None, slotWaitSeconds: float | None = None, strategy: str | None = None,
         syncEvery: int | None = None, syncWarmupSteps: int | None = None,
         timeoutSeconds: float | None = None, useGpu: Any = None, validationCol: str | None = None,
         validationFraction: float | None = None, validationIndicatorCol: str | None = None,

@@ -11,6 +11,9 @@ from sparkdist.exceptions import ModelLoadError, ParamError
 from sparkdist.torchtrain import finetune, inference
 from sparkdist.torchtrain.spec import FineTuneSpec
 
+#: The base weights in a saved adapter model's directory (``saveBase=True``).
+BASE_FILE = "base.pt"
+
 
 def read_weights(url: str, load: Callable[[str], Any]) -> tuple[bytes, dict[str, Any]]:
     """The state dict at ``url`` (``initialWeights``), as torch.save'd bytes and tensors: a
@@ -46,22 +49,39 @@ def adapters_of(info: dict[str, Any]) -> FineTuneSpec:
                              f"again.") from err
 
 
-def base_of(info: dict[str, Any], load: Callable[[str], Any]) -> bytes:
-    """The base weights a fitted model's adapters were trained on, read from where
-    initialWeights named them: ModelLoadError where they are gone or their SHA-256 changed."""
+def base_of(info: dict[str, Any], load: Callable[[str], Any], saved_in: str) -> bytes:
+    """The base weights a fitted model's adapters were trained on: from its directory
+    ``saved_in`` where it was saved with them (saveBase), else from where initialWeights named
+    them. ModelLoadError where they are gone or their SHA-256 changed."""
+    from sparkdist import store
+    from sparkdist.exceptions import StoreError
+
     record = info["initial_weights"]
+    where = f"{saved_in}/{BASE_FILE}" if record.get("saved") else str(record["source"])
     try:
-        raw, state = read_weights(str(record["source"]), load)
-    except ParamError as err:
+        if record.get("saved"):
+            raw = store.read_bytes(where)
+            state = finetune.state_of(raw, where)
+        else:
+            raw, state = read_weights(where, load)
+    except (ParamError, StoreError) as err:
         raise ModelLoadError(f"the base weights of these adapters cannot be read: {err}") \
             from err
     found = finetune.state_sha256(state)
     if found != record["sha256"]:
-        raise ModelLoadError(f"the base weights at {record['source']!r} changed since the "
-                             f"adapters were trained on them (SHA-256 {found}, trained on "
+        raise ModelLoadError(f"the base weights at {where!r} changed since the adapters were "
+                             f"trained on them (SHA-256 {found}, trained on "
                              f"{record['sha256']}); give the adapters their base back, or "
                              f"fine-tune again.")
     return raw
+
+
+def saved_state(info: dict[str, Any], with_base: bool) -> dict[str, Any]:
+    """The state a model saves: ``info``, with an adapter model's record saying whether its
+    directory holds the base (``with_base``: saveBase)."""
+    if not info.get("adapter"):
+        return info
+    return {**info, "initial_weights": {**info["initial_weights"], "saved": with_base}}
 
 
 def adapted(module: Any, info: dict[str, Any], base: bytes, weights: dict[str, Any],

@@ -355,6 +355,7 @@ class TorchModel(Model, _TorchParams, PersistentModel, _TorchModelAccessors):
         self._weights: dict[str, Any] = {}  # with adapters: theirs only
         self._info: dict[str, Any] = {}
         self._base = b""  # with adapters: the base's state dict, read once
+        self._saved_in = ""  # the directory it was loaded from (a saved base is read there)
 
     @classmethod
     def _fitted(cls, weights: dict[str, Any], info: dict[str, Any]) -> TorchModel:
@@ -424,10 +425,13 @@ class TorchModel(Model, _TorchParams, PersistentModel, _TorchModelAccessors):
         if not self._info.get("adapter"):
             module.load_state_dict(self._weights)
             return module
-        if not self._base:
-            self._base = tuned.base_of(self._info, TorchModel.load)
-        return tuned.adapted(module, self._info, self._base, self._weights,
+        return tuned.adapted(module, self._info, self._base_weights(), self._weights,
                              self.getOrDefault("mergeAdapters"))
+
+    def _base_weights(self) -> bytes:
+        if not self._base:
+            self._base = tuned.base_of(self._info, TorchModel.load, self._saved_in)
+        return self._base
 
     def inputFields(self) -> tuple[InputField, ...]:
         """The typed inputs the network was trained on (``inputCols``); () for one features
@@ -522,7 +526,7 @@ class TorchModel(Model, _TorchParams, PersistentModel, _TorchModelAccessors):
         return reader
 
     def _state(self) -> dict[str, Any]:
-        return self._info
+        return tuned.saved_state(self._info, self.getOrDefault("saveBase"))
 
     def _save_artifacts(self, path: str) -> None:
         from sparkdist import store
@@ -533,6 +537,8 @@ class TorchModel(Model, _TorchParams, PersistentModel, _TorchModelAccessors):
                          "in a process that defines it again; to load it anywhere, move the "
                          "class into a module and import it before loading.", name, path)
         store.write_bytes(f"{path}/{WEIGHTS_FILE}", inference.weights_bytes(self._weights))
+        if self._info.get("adapter") and self.getOrDefault("saveBase"):
+            store.write_bytes(f"{path}/{tuned.BASE_FILE}", self._base_weights())
 
     @classmethod
     def _from_state(cls, state: dict[str, Any], path: str) -> TorchModel:
@@ -561,7 +567,9 @@ class TorchModel(Model, _TorchParams, PersistentModel, _TorchModelAccessors):
                 isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in weights.items())):
             raise ModelLoadError(f"{path}: {WEIGHTS_FILE} is not a state dict (names to "
                                  "tensors); save the model again.")
-        return cls._fitted(weights, state)
+        model = cls._fitted(weights, state)
+        model._saved_in = path
+        return model
 
 
 # ----------------------------------------------------------------------------- helpers

@@ -48,7 +48,8 @@ TRAJECTORY: dict[str, bool] = {
     # columns: the data identity of a resume covers what they read
     **dict.fromkeys(("labelCols", "weightCol"), False),
     **dict.fromkeys(("useGpu", "quantization", "timeoutSeconds", "rendezvousTimeoutSeconds",
-                     "progress", "allowUnencrypted", "checkpointEverySteps", "mergeAdapters"),
+                     "progress", "allowUnencrypted", "checkpointEverySteps", "mergeAdapters",
+                     "saveBase"),
                    False)}
 
 
@@ -160,7 +161,8 @@ class HasInputs(Params):
 
 class HasScoring(Params):
     """batchSize, useGpu and quantization: rows per batch and the device, in training and
-    scoring alike, and the scoring precision (TorchEstimator and TorchModel)."""
+    scoring alike, and the scoring precision; mergeAdapters and saveBase: how a model with
+    adapters scores and what its saved directory holds (TorchEstimator and TorchModel)."""
 
     batchSize: Param[int] = Param(
         Params._dummy(), "batchSize",
@@ -179,11 +181,16 @@ class HasScoring(Params):
         Params._dummy(), "mergeAdapters",
         "scoring a model with LoRA adapters: merge them into the base weights (one matrix per "
         "layer) instead of running them alongside", typeConverter=TypeConverters.toBoolean)
+    saveBase: Param[bool] = Param(
+        Params._dummy(), "saveBase",
+        "saving a model with LoRA adapters: also copy the base weights into its directory, so "
+        "that it loads where the initialWeights path is gone; False (default): the base is "
+        "referenced by path and SHA-256", typeConverter=TypeConverters.toBoolean)
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self._setDefault(batchSize=256, useGpu="auto", quantization="none",
-                         mergeAdapters=False)
+                         mergeAdapters=False, saveBase=False)
 
 
 class HasOptimization(HasSeed):

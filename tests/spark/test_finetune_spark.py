@@ -179,6 +179,9 @@ def test_an_adapter_model_saves_the_adapters_and_refuses_a_changed_base(tasks, a
 
     model, base = adapted
     model.write().save(str(tmp_path / "adapters"))
+    model.copy({model.saveBase: True}).write().save(str(tmp_path / "with_base"))
+    assert not list((tmp_path / "adapters").rglob("base.pt"))  # never copied unless asked
+    [copied] = (tmp_path / "with_base").rglob("base.pt")
     loaded = TorchModel.load(str(tmp_path / "adapters"))
     first, second = (m.transform(tasks).select("probability").collect() for m in (model, loaded))
     assert first == second
@@ -187,6 +190,13 @@ def test_an_adapter_model_saves_the_adapters_and_refuses_a_changed_base(tasks, a
     torch.save(state, base)
     with pytest.raises(ModelLoadError, match="changed since the adapters were trained"):
         TorchModel.load(str(tmp_path / "adapters"))
+    # saved with its base, the model no longer depends on initialWeights' path...
+    kept = TorchModel.load(str(tmp_path / "with_base"))
+    assert kept.getSaveBase() and kept.transform(tasks).select("probability").collect() == first
+    # ...and the copy is checked against the SHA-256 the adapters were trained on
+    torch.save(state, str(copied))
+    with pytest.raises(ModelLoadError, match="changed since the adapters were trained"):
+        TorchModel.load(str(tmp_path / "with_base"))
 
 
 def test_adapters_under_fsdp_reach_ddps_loss(tasks, adapted):
