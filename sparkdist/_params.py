@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 import textwrap
 import zlib
 from collections.abc import Callable, Iterable, Mapping
@@ -44,6 +45,16 @@ _SECTION = "Params\n------\n"
 def stable_seed(name: str) -> int:
     """A seed that is the same in every process (pyspark's default ``hash(name)`` is not)."""
     return zlib.crc32(name.encode())
+
+
+def user_frame_level() -> int:
+    """The ``stacklevel`` (seen from the caller's caller) of the first frame outside
+    sparkdist and pyspark: a warning names the user's line, not keyword_only's."""
+    frame, level = sys._getframe(2), 2
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").partition(".")[0] \
+            in ("sparkdist", "pyspark"):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def accessor_suffix(name: str) -> str:

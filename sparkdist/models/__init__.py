@@ -15,6 +15,8 @@ _EXPORTS = {
     "RandomForestRegressionModel": "forest",
     "ALS": "als",
     "ALSModel": "als",
+    "KerasEstimator": "keras",
+    "KerasModel": "keras",
     "TorchEstimator": "torch",
     "TorchModel": "torch",
     "XGBoostClassifier": "xgboost",

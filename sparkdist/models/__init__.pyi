@@ -9,6 +9,7 @@ from sparkdist.models.forest import (
     RandomForestRegressionModel,
     RandomForestRegressor,
 )
+from sparkdist.models.keras import KerasEstimator, KerasModel
 from sparkdist.models.logistic import LogisticRegression, LogisticRegressionModel
 from sparkdist.models.torch import TorchEstimator, TorchModel
 from sparkdist.models.xgboost import (
@@ -21,6 +22,8 @@ from sparkdist.models.xgboost import (
 __all__ = [
     "ALS",
     "ALSModel",
+    "KerasEstimator",
+    "KerasModel",
     "LogisticRegression",
     "LogisticRegressionModel",
     "RandomForestClassificationModel",

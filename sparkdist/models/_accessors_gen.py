@@ -163,8 +163,12 @@ def _accessors(stage: Params, param: Param[Any], missing: set[str]) -> Iterator[
 
 
 def _hand_written(cls: type, name: str) -> bool:
-    """Whether a class in ``cls``'s MRO other than a generated one defines ``name``."""
-    return any(name in vars(klass) for klass in cls.__mro__ if MARK not in vars(klass))
+    """Whether a class in ``cls``'s MRO other than one generated for it defines ``name`` (a
+    stage that extends another inherits the accessors generated for that one)."""
+    package, _, module = cls.__module__.rpartition(".")
+    own = f"{package}._accessors_{module}"
+    return any(name in vars(klass) for klass in cls.__mro__
+               if MARK not in vars(klass) or not klass.__module__.startswith(own))
 
 
 def stage_accessors(cls: type) -> list[Accessor]:
@@ -203,8 +207,9 @@ def stage_init(cls: type) -> str | None:
              f"\n    {MARK} = True\n", "    @keyword_only", "    def __init__(",
              *_keyword_lines(keywords, 8), "    ) -> None:",
              *_doc("Every keyword defaults to its Param's default (None: not set).", 8),
-             "        super().__init__()",
-             "        self.setParams(**self._input_kwargs)  # type: ignore[attr-defined]"]
+             "        given = self._input_kwargs  # type: ignore[attr-defined]",
+             "        super().__init__()  # (a base's generated constructor resets it)",
+             "        self.setParams(**given)  # type: ignore[attr-defined]"]
     return "\n".join(lines) + "\n"
 
 

@@ -203,5 +203,6 @@ class _TorchEstimatorInit(Params):
         weightCol: str | None = None, weightDecay: float | None = None,
     ) -> None:
         """Every keyword defaults to its Param's default (None: not set)."""
-        super().__init__()
-        self.setParams(**self._input_kwargs)  # type: ignore[attr-defined]
+        given = self._input_kwargs  # type: ignore[attr-defined]
+        super().__init__()  # (a base's generated constructor resets it)
+        self.setParams(**given)  # type: ignore[attr-defined]

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import sys
 import warnings
 from typing import Any, ClassVar
 
@@ -64,6 +63,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from sparkdist import hooks
+from sparkdist._params import user_frame_level
 from sparkdist.columns import check_one_of, require_columns
 from sparkdist.exceptions import ModelLoadError, ParamError
 from sparkdist.launch.preflight import preflight
@@ -218,7 +218,7 @@ class TorchEstimator(_TorchEstimatorInit, Estimator, _TorchParams, HasOptimizati
             if old in kwargs:
                 warnings.warn(f"TorchEstimator: {old} is deprecated and will be removed in the "
                               f"next release; use {new}.", FutureWarning,
-                              stacklevel=_user_frame_level())
+                              stacklevel=user_frame_level())
                 kwargs.setdefault(new, kwargs.pop(old))
         return super()._set(**kwargs)
 
@@ -234,10 +234,14 @@ class TorchEstimator(_TorchEstimatorInit, Estimator, _TorchParams, HasOptimizati
             state, header = loop.unpack_result(launch.train(prepared, spec))
             if run is not None:
                 run.complete(len(header["history"]))
-        model = TorchModel._fitted(state, {**header, **_model_state(spec)})
+        model = self._fitted_model(state, {**header, **_model_state(spec)}, spec)
         model._base = spec.finetune.base if spec.finetune.adapter != "none" else b""
         self._copyValues(model)
         return model
+
+    def _fitted_model(self, state: dict[str, Any], info: dict[str, Any],
+                      spec: TrainSpec) -> TorchModel:
+        return TorchModel._fitted(state, info)
 
     def _spec_parts(self) -> dict[str, Any]:
         """The Params' spec parts that need no data, each checked as it is built: every
@@ -255,12 +259,11 @@ class TorchEstimator(_TorchEstimatorInit, Estimator, _TorchParams, HasOptimizati
         """The prepared data, the fit's typed spec (checked: Params, data, the network on
         two rows, the strategy's preflight) and the data's figures."""
         parts = self._spec_parts()
-        module = network.resolve_model(self.getOrDefault("model"))  # before the data pass
-        network.resolve_loss(self.getOrDefault("loss"))
+        module = self._resolve_network()  # before the data pass
         fields = checks.input_fields(dataset, *self._input_params(), module)
         parts["rules"] = dataclasses.replace(parts["rules"], inputs=fields)
         label = self.label_source()
-        width = checks.label_width(dataset, label, self.getOrDefault("loss"))
+        width = checks.label_width(dataset, label, self._loss_kind())
         parts["rules"] = dataclasses.replace(parts["rules"], label_width=width)
         prepared = checks.prepare(dataset, self.featureSource(), label,
                                   self.validation_column(),
@@ -280,7 +283,7 @@ class TorchEstimator(_TorchEstimatorInit, Estimator, _TorchParams, HasOptimizati
 
     def _classes(self, stats: dict[str, Any]) -> int:
         """numClasses, else inferred for cross_entropy (max label + 1); 2 for bce."""
-        loss = self.getOrDefault("loss")
+        loss = self._loss_kind()
         return self.getOrDefault("numClasses") or (
             int(stats["max_label"]) + 1 if loss == "cross_entropy" else 2 if loss == "bce"
             else 0)
@@ -350,6 +353,8 @@ class TorchModel(Model, _TorchParams, PersistentModel, _TorchModelAccessors):
     task : 'classification' or 'regression' (from the loss).
     """
 
+    _loads_model_param = True  # the network is built from the ``model`` Param when loaded
+
     def __init__(self) -> None:
         super().__init__()
         self._weights: dict[str, Any] = {}  # with adapters: theirs only
@@ -392,7 +397,7 @@ class TorchModel(Model, _TorchParams, PersistentModel, _TorchModelAccessors):
 
     @property
     def task(self) -> str:
-        return network.task_of_loss(self.getOrDefault("loss"))
+        return network.task_of_loss(self._loss_kind())
 
     @property
     def inputDim(self) -> int:
@@ -439,9 +444,13 @@ class TorchModel(Model, _TorchParams, PersistentModel, _TorchModelAccessors):
         return tuple(InputField.parse(saved) for saved in self._info.get("inputs", []))
 
     def _network(self) -> Any:
-        return network.build_module(network.resolve_model(self.getOrDefault("model")),
-                                 self.getOrDefault("modelKwargs") or {},
-                                 self._info["input_dim"], self._info["output_dim"])
+        return network.build_module(*self._network_parts(), self._info["input_dim"],
+                                    self._info["output_dim"])
+
+    def _network_parts(self) -> tuple[Any, dict[str, Any]]:
+        """The network's class and its constructor's keywords."""
+        return (network.resolve_model(self.getOrDefault("model")),
+                dict(self.getOrDefault("modelKwargs") or {}))
 
     def _quantization(self) -> str:
         """The ``quantization`` Param, checked (it may come from copy(), set() or a saved
@@ -473,12 +482,12 @@ class TorchModel(Model, _TorchParams, PersistentModel, _TorchModelAccessors):
             raise ParamError("quantization='int8' with adapters scores the merged network: set "
                              "mergeAdapters=True.")
         weights = self._trained().state_dict() if self._info.get("adapter") else self._weights
-        spec = ScoreSpec(module=network.resolve_model(get("model")),
-                         module_kwargs=dict(get("modelKwargs") or {}),
+        module, kwargs = self._network_parts()
+        spec = ScoreSpec(module=module, module_kwargs=kwargs,
                          weights=inference.weights_bytes(weights),
                          adapters=tuned.adapters_of(self._info) if separate else None,
                          input_dim=int(self._info["input_dim"]),
-                         output_dim=int(self._info["output_dim"]), loss=get("loss"),
+                         output_dim=int(self._info["output_dim"]), loss=self._loss_kind(),
                          batch_size=get("batchSize"), use_gpu=get("useGpu"),
                          quantization=self._quantization(), inputs=fields,
                          label_width=self.labelWidth)
@@ -511,14 +520,13 @@ class TorchModel(Model, _TorchParams, PersistentModel, _TorchModelAccessors):
         def checked(path: str) -> TorchModel:
             model = load(path)
             try:
-                module = network.resolve_model(model.getOrDefault("model"))
+                module, kwargs = model._network_parts()
                 if model._info.get("adapter"):  # the base read and the adapters put on it
                     model._trained()
                     return model
             except ParamError as err:
                 raise ModelLoadError(f"'{path}': {err}") from err
-            checks.check_weights(model._weights, module, model.getOrDefault("model"),
-                                 model.getOrDefault("modelKwargs") or {},
+            checks.check_weights(model._weights, module, model.getOrDefault("model"), kwargs,
                                  (model._info["input_dim"], model._info["output_dim"]), path)
             return model
 
@@ -532,7 +540,7 @@ class TorchModel(Model, _TorchParams, PersistentModel, _TorchModelAccessors):
         from sparkdist import store
 
         name = self.getOrDefault("model")
-        if name.startswith("__main__."):
+        if name.startswith("__main__.") and self._loads_model_param:
             _LOG.warning("model=%r is defined in a notebook or script (__main__): %s loads only "
                          "in a process that defines it again; to load it anywhere, move the "
                          "class into a module and import it before loading.", name, path)
@@ -573,16 +581,6 @@ class TorchModel(Model, _TorchParams, PersistentModel, _TorchModelAccessors):
 
 
 # ----------------------------------------------------------------------------- helpers
-def _user_frame_level() -> int:
-    """The ``stacklevel`` (seen from the caller's caller) of the first frame outside
-    sparkdist and pyspark: a warning names the user's line, not keyword_only's."""
-    frame, level = sys._getframe(2), 2
-    while frame.f_back is not None and frame.f_globals.get("__name__", "").partition(".")[0] \
-            in ("sparkdist", "pyspark"):
-        frame, level = frame.f_back, level + 1
-    return level
-
-
 def _model_state(spec: TrainSpec) -> dict[str, Any]:
     typed = {"inputs": [f.saved() for f in spec.model.inputs]} if spec.model.inputs else {}
     several: dict[str, Any] = {"label_width": spec.model.label_width} \

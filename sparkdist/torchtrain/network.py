@@ -64,6 +64,16 @@ def resolve_model(name: str) -> type[torch.nn.Module]:
     return found
 
 
+def resolve_builder(name: str) -> Any:
+    """The function or class ``model`` names (a Keras model builder); ParamError for anything
+    else, before anything is called."""
+    found = _lookup(name, "model")
+    if not callable(found):
+        raise ParamError(f"model={name!r} is {found!r}, not a function or class; give the "
+                         f"builder or its qualified name.")
+    return found
+
+
 def resolve_loss(name: str) -> Any:
     """What the training loop calls for ``loss``: a built-in name stays a name; otherwise an
     instance of the ``nn.Module`` subclass it names (made without arguments), or a function
@@ -199,9 +209,9 @@ def correct_count(loss: str, output: torch.Tensor, label: torch.Tensor) -> torch
     return right.mean(1).sum() if right.dim() > 1 else right.sum()
 
 
-def make_optimizer(name: str, parameters: Any, learning_rate: float,
-                   weight_decay: float) -> Any:
+def make_optimizer(name: str, parameters: Any, learning_rate: float, weight_decay: float,
+                   options: tuple[tuple[str, Any], ...] = ()) -> Any:
     import torch
 
     return getattr(torch.optim, OPTIMIZERS[name])(parameters, lr=learning_rate,
-                                                  weight_decay=weight_decay)
+                                                  weight_decay=weight_decay, **dict(options))

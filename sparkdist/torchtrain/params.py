@@ -82,6 +82,16 @@ class HasNetwork(Params):
         super().__init__(*args)
         self._setDefault(model="sparkdist.torchtrain.nets.MLP", modelKwargs={}, loss="bce")
 
+    def _loss_kind(self) -> str:
+        """The built-in loss whose labels, outputs and metrics the loss follows: a built-in's
+        name, else the name of the function or class (regression's)."""
+        return str(self.getOrDefault("loss"))
+
+    def _resolve_network(self) -> type:
+        """The network class and the loss resolved: ParamError for either, before any data."""
+        network.resolve_loss(self.getOrDefault("loss"))
+        return network.resolve_model(self.getOrDefault("model"))
+
     def _model_spec(self, input_dim: int, num_classes: int,
                     inputs: tuple[InputField, ...] = (), label_width: int = 0,
                     label_names: tuple[str, ...] = ()) -> ModelSpec:
@@ -220,14 +230,20 @@ class HasOptimization(HasSeed):
     def _optim_spec(self, validates: bool) -> OptimSpec:
         """``validates``: whether the fit holds rows out (early stopping needs them)."""
         get = self.getOrDefault
-        check_one_of("optimizer", get("optimizer"), network.OPTIMIZERS)
         if get("earlyStoppingPatience") and not validates:
             raise ParamError("earlyStoppingPatience needs validation rows: set "
                              "validationFraction or validationIndicatorCol.")
-        return OptimSpec(optimizer=get("optimizer"), learning_rate=get("learningRate"),
-                         weight_decay=get("weightDecay"), batch_size=get("batchSize"),
-                         epochs=get("epochs"), seed=get("seed") % 2**31,
-                         patience=get("earlyStoppingPatience"))
+        name, rate, decay, options = self._optimizer()
+        return OptimSpec(optimizer=name, learning_rate=rate, weight_decay=decay,
+                         batch_size=get("batchSize"), epochs=get("epochs"),
+                         seed=get("seed") % 2**31, patience=get("earlyStoppingPatience"),
+                         options=options)
+
+    def _optimizer(self) -> tuple[str, float, float, tuple[tuple[str, Any], ...]]:
+        """(torch.optim's optimizer by name, learning rate, weight decay, more keywords)."""
+        check_one_of("optimizer", self.getOrDefault("optimizer"), network.OPTIMIZERS)
+        return (self.getOrDefault("optimizer"), self.getOrDefault("learningRate"),
+                self.getOrDefault("weightDecay"), ())
 
 
 class HasDataRules(HasValidationIndicatorCol):

@@ -73,9 +73,11 @@ def fresh_dtensor_caches() -> None:
 
 
 # --------------------------------------------------------------------------------- writing
-def save(where: str, model: torch.nn.Module, optimizer: Any) -> dict[str, Any] | None:
-    """Write every rank's shard of the model and optimizer state into directory ``where``;
-    rank 0 returns ``{"sharded": where, "files": {name: sha256}}`` (None on the others).
+def save(where: str, model: torch.nn.Module, optimizer: Any,
+         from_base: bool) -> dict[str, Any] | None:
+    """Write every rank's shard of the model and optimizer state into directory ``where``
+    (``from_base``: without the frozen parameters, which initialWeights gives back); rank 0
+    returns ``{"sharded": where, "files": {name: sha256}}`` (None on the others).
     Collective."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
@@ -84,7 +86,8 @@ def save(where: str, model: torch.nn.Module, optimizer: Any) -> dict[str, Any] |
     if dist.get_rank() == 0:
         store.remove(where)  # what a killed save left under this name
     dist.barrier()
-    model_state, optimizer_state = get_state_dict(model, optimizer, options=_frozen_left_out())
+    model_state, optimizer_state = get_state_dict(model, optimizer,
+                                                  options=_options(from_base))
     with _dcp_errors(f"writing the sharded checkpoint {where}", "check that checkpointDir "
                      "is writable by every executor and has room"):
         metadata = dcp.save({"model": model_state, "optimizer": optimizer_state},
@@ -108,9 +111,11 @@ def _writer(where: str) -> Any:
 
 
 # --------------------------------------------------------------------------------- reading
-def load(saved: dict[str, Any], model: torch.nn.Module, optimizer: Any) -> None:
-    """Verify every shard file of ``saved`` (what :func:`save` returned), then load this
-    rank's part of it into ``model`` and ``optimizer`` (any number of ranks). Collective."""
+def load(saved: dict[str, Any], model: torch.nn.Module, optimizer: Any,
+         from_base: bool) -> None:
+    """Verify every shard file of ``saved`` (what :func:`save` returned with ``from_base``),
+    then load this rank's part of it into ``model`` and ``optimizer`` (any number of ranks).
+    Collective."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
@@ -121,21 +126,23 @@ def load(saved: dict[str, Any], model: torch.nn.Module, optimizer: Any) -> None:
     verify(where, files)
     # the templates: this rank's slices, in the layout of the current world size (this also
     # creates the optimizer's state, which DCP fills in place)
-    model_state, optimizer_state = get_state_dict(model, optimizer, options=_frozen_left_out())
+    model_state, optimizer_state = get_state_dict(model, optimizer,
+                                                  options=_options(from_base))
     state: dict[str, Any] = {"model": model_state, "optimizer": optimizer_state}
     with _dcp_errors(f"reading the sharded checkpoint {where}", "resume from another runId, "
                      "or resume='never' to start again"):
         dcp.load(state, storage_reader=_reader(where), planner=_safe_planner())
     set_state_dict(model, optimizer, model_state_dict=state["model"],
-                   optim_state_dict=state["optimizer"], options=_frozen_left_out(strict=False))
+                   optim_state_dict=state["optimizer"], options=_options(from_base, strict=False))
 
 
-def _frozen_left_out(strict: bool = True) -> Any:
-    """Frozen parameters stay out of checkpoints (a resume takes them from initialWeights
-    again); loading leaves them as they are."""
+def _options(from_base: bool, strict: bool = True) -> Any:
+    """``from_base``: frozen parameters stay out of checkpoints (a resume takes them from
+    initialWeights again; loading leaves them as they are). Otherwise a parameter without
+    gradients is state (Keras' BatchNormalization statistics) and is kept."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-    return StateDictOptions(ignore_frozen_params=True, strict=strict)
+    return StateDictOptions(ignore_frozen_params=from_base, strict=strict)
 
 
 def verify(where: str, files: dict[str, str]) -> None:

@@ -115,6 +115,7 @@ class OptimSpec:
     epochs: int
     seed: int
     patience: int  # early stopping: epochs without a better validation loss; 0 off
+    options: tuple[tuple[str, Any], ...] = ()  # more torch.optim keywords (Keras' settings)
 
     def __post_init__(self) -> None:
         _at_least(1, batchSize=self.batch_size, epochs=self.epochs)

@@ -74,6 +74,8 @@ from sparkdist import FeatureAssembler, FeatureAssemblerModel
 from sparkdist.models import (
     ALS,
     ALSModel,
+    KerasEstimator,
+    KerasModel,
     LogisticRegression,
     LogisticRegressionModel,
     RandomForestClassificationModel,
@@ -106,6 +108,8 @@ rfrm: RandomForestRegressionModel = RandomForestRegressionModel().setPredictionC
 te: TorchEstimator = TorchEstimator().setEpochs(2).setBatchSize(64).setModel(object)
 built: TorchEstimator = TorchEstimator(epochs=2, learningRate=0.1, validationCol="v", model=object)
 tm: TorchModel = TorchModel().setBatchSize(32)
+ke: KerasEstimator = KerasEstimator(epochs=2, loss="mse").setBatchSize(64).setEpochs(3)
+km: KerasModel = KerasModel().setBatchSize(32)
 xc: XGBoostClassifier = XGBoostClassifier().setMaxDepth(3).setNumWorkers(2)
 depth: int | None = xc.getMaxDepth()
 xcm: XGBoostClassificationModel = XGBoostClassificationModel().setProbabilityCol("p")

@@ -50,6 +50,7 @@ EXPECTED = [
     "sparkdist.models.forest.RandomForestClassifier",
     "sparkdist.models.forest.RandomForestRegressionModel",
     "sparkdist.models.forest.RandomForestRegressor",
+    "sparkdist.models.keras.KerasEstimator",
     "sparkdist.models.logistic.LogisticRegression",
     "sparkdist.models.logistic.LogisticRegressionModel",
     "sparkdist.models.torch.TorchEstimator",

@@ -32,8 +32,8 @@ def test_discovery_finds_every_family():
     assert {"FeatureAssembler", "FeatureAssemblerModel", "LogisticRegression",
             "LogisticRegressionModel", "RandomForestClassifier", "RandomForestRegressor",
             "ALS", "ALSModel", "TorchEstimator", "TorchModel", "XGBoostClassifier",
-            "XGBoostRegressionModel"} <= names
-    assert len(STAGES) == 16
+            "XGBoostRegressionModel", "KerasEstimator", "KerasModel"} <= names
+    assert len(STAGES) == 18
 
 
 def camel(name: str) -> str:

@@ -65,11 +65,11 @@ def _rank(rank, world, store, job, out):
                 loss.backward()
                 optimizer.step()
             where = os.environ.get("SHARDS_URL", f"{out}/shards")
-            result["saved"] = sharded.save(where, model, optimizer)
+            result["saved"] = sharded.save(where, model, optimizer, False)
             result["bytes"] = sharded.local_state_bytes(model, optimizer)
         else:
             saved = torch.load(f"{out}/saved.pt", weights_only=True)
-            sharded.load(saved, model, optimizer)
+            sharded.load(saved, model, optimizer, False)
         result["full"] = _full(model, optimizer)
         torch.save(result, f"{out}/{job}-{world}-{rank}.pt")
         dist.destroy_process_group()
@@ -262,12 +262,12 @@ def _swapping_rank(first_rank, out):
             if fit == 0:
                 model(torch.ones(2, 6)).sum().backward()
                 optimizer.step()
-                saved = sharded.save(f"{out}/swap", model, optimizer)
+                saved = sharded.save(f"{out}/swap", model, optimizer, False)
                 if rank == 0:
                     torch.save(saved, f"{out}/swap.pt")
             else:
                 sharded.load(torch.load(f"{out}/swap.pt", weights_only=True), model,
-                             optimizer)
+                             optimizer, False)
             torch.save(_full(model, optimizer)[0], f"{out}/swap-{fit}-{rank}.pt")
             dist.barrier()
             dist.destroy_process_group()

@@ -40,7 +40,7 @@ class WholeModel:
         optim = self.spec.optim
         trainable = [p for p in self.module.parameters() if p.requires_grad]  # not frozen
         return make_optimizer(optim.optimizer, trainable, optim.learning_rate,
-                              optim.weight_decay)
+                              optim.weight_decay, optim.options)
 
     def train_step(self, features: Inputs, target: Target, scale: float,
                    optimizer: Any) -> torch.Tensor:
@@ -79,8 +79,11 @@ class WholeModel:
             return None
         model = self.full_state()
         assert model is not None  # rank 0's
-        # frozen parameters stay out: a resume takes them from initialWeights again
-        return {"model": finetune.trained(self.module, model),
+        # frozen parameters stay out where a resume takes them from initialWeights again;
+        # without it a parameter without gradients is state (BatchNormalization's in Keras)
+        if self.spec.finetune.base:
+            model = finetune.trained(self.module, model)
+        return {"model": model,
                 "optimizer": optimizer.state_dict()}
 
     def state_bytes(self, optimizer: Any) -> int:
@@ -95,5 +98,8 @@ class WholeModel:
 
     def load_training_state(self, saved: dict[str, Any], optimizer: Any) -> None:
         """Restore what :meth:`save_training_state` returned (read back by every rank)."""
-        finetune.load_trained(self.module, saved["model"])
+        if self.spec.finetune.base:
+            finetune.load_trained(self.module, saved["model"])
+        else:
+            self.module.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])

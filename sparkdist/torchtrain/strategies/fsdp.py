@@ -169,11 +169,11 @@ class Strategy(WholeModel):
         their SHA-256 digests. Collective."""
         from sparkdist.torchtrain import sharded
 
-        return sharded.save(where, self.module, optimizer)
+        return sharded.save(where, self.module, optimizer, bool(self.spec.finetune.base))
 
     def load_training_state(self, saved: dict[str, Any], optimizer: Any) -> None:
         """Verify the shards' digests, then read this rank's slices (resharded when the
         checkpoint was written by another number of workers). Collective."""
         from sparkdist.torchtrain import sharded
 
-        sharded.load(saved, self.module, optimizer)
+        sharded.load(saved, self.module, optimizer, bool(self.spec.finetune.base))

@@ -282,14 +282,14 @@ class Strategy(WholeModel):
         digests. Collective."""
         from sparkdist.torchtrain import sharded
 
-        return sharded.save(where, self.module, optimizer)
+        return sharded.save(where, self.module, optimizer, bool(self.spec.finetune.base))
 
     def load_training_state(self, saved: dict[str, Any], optimizer: Any) -> None:
         """Verify the shards' digests, then read this rank's slices (re-split when the
         checkpoint was written by another number of workers). Collective."""
         from sparkdist.torchtrain import sharded
 
-        sharded.load(saved, self.module, optimizer)
+        sharded.load(saved, self.module, optimizer, bool(self.spec.finetune.base))
 
 def _copies(state: Any) -> dict[str, Any]:
     """CPU copies: tensors that were never split come back as the live parameters."""
