@@ -19,6 +19,10 @@ DEFAULT_DB = "mlruns.db"
 _LOG = logging.getLogger(__name__)
 
 
+#: The models whose inputs and signature tracking reads as TorchModel's (KerasModel extends it).
+_TORCH_MODELS = ("TorchModel", "KerasModel")
+
+
 def _mlflow() -> Any:
     try:
         import mlflow
@@ -94,6 +98,7 @@ def log_model_run(name: str, params: Mapping[str, Any], metrics: Mapping[str, fl
         mlflow.spark.log_model(model, "model", signature=_signature(model),
                                pip_requirements=[f"pyspark=={pyspark.__version__}", "sparkdist"])
         _log_torch_module(mlflow, model)
+        _log_keras_model(mlflow, model)
         return str(run.info.run_id)
 
 
@@ -141,7 +146,7 @@ def _signature(model: Any) -> Any:
     from sparkdist.evaluation import final_stage
 
     final = final_stage(model)
-    if type(final).__name__ != "TorchModel":
+    if type(final).__name__ not in _TORCH_MODELS:
         return None
     inputs = _pipeline_inputs(_stages(model))
     if inputs is None:
@@ -178,7 +183,7 @@ def _pipeline_inputs(stages: list[Any]) -> list[Any] | None:
             reads = [(name, kind) for param, kind in kinds.items()
                      for name in stage.getOrDefault(param)]
             writes = stage.getOrDefault("outputCol")
-        elif type(stage).__name__ == "TorchModel":
+        elif type(stage).__name__ in _TORCH_MODELS:
             reads, writes = _torch_inputs(stage), stage.getOrDefault("predictionCol")
         else:
             return None
@@ -245,6 +250,21 @@ def _log_torch_module(mlflow: Any, model: Any) -> None:
 
         _log_network(mlflow, final.module(), example, "torch_model_int8",
                      [*requirements, f"torchao=={version('torchao')}"])
+
+
+def _log_keras_model(mlflow: Any, model: Any) -> None:
+    """A KerasModel's trained ``keras.Model`` also goes in as ``keras_model`` with MLflow's
+    keras flavour (Keras' own ``.keras`` archive, loaded by Keras in safe mode)."""
+    from sparkdist.evaluation import final_stage
+
+    final = final_stage(model)
+    if type(final).__name__ != "KerasModel":
+        return
+    import keras
+    import mlflow.keras
+
+    mlflow.keras.log_model(final.keras_model(), name="keras_model",
+                           pip_requirements=[f"keras=={keras.__version__}"])
 
 
 def _example(network: Any, input_dim: int, fields: tuple[Any, ...]) -> Any:

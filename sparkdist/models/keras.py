@@ -122,7 +122,8 @@ class KerasEstimator(_KerasEstimatorInit, _KerasParams, TorchEstimator,
         config = keras_net.built_config(network.resolve_builder(self.getOrDefault("model")),
                                         dict(self.getOrDefault("modelKwargs") or {}),
                                         input_dim, seed, width, loss)
-        return ModelSpec(module=keras_net.KerasNetwork,
+        return ModelSpec(module=keras_net.network_class(keras_net.registered(
+                             json.loads(config))),
                          module_name=network.qualified_name(keras_net.KerasNetwork),
                          module_kwargs={"config": config, "seed": seed, "outputs": outputs},
                          loss=kind, loss_fn=keras_net.KerasLoss(loss, outputs),
@@ -151,8 +152,9 @@ class KerasModel(_KerasParams, TorchModel, _KerasModelAccessors):
 
     def _network_parts(self) -> tuple[Any, dict[str, Any]]:
         saved = self._info["keras"]
-        return keras_net.KerasNetwork, {key: saved[key] for key in ("config", "seed",
-                                                                    "outputs")}
+        objects = keras_net.registered(json.loads(saved["config"]))
+        return keras_net.network_class(objects), {key: saved[key] for key in
+                                                  ("config", "seed", "outputs")}
 
     def keras_model(self) -> Any:
         """The trained ``keras.Model`` (as the builder made it: probabilities where its loss

@@ -172,17 +172,37 @@ def built_config(builder: Callable[..., Any], kwargs: dict[str, Any], input_dim:
     return json.dumps(config)
 
 
+def registered(config: Any) -> dict[str, Any]:
+    """The classes registered in this process that ``config`` names, by registered name."""
+    found = import_keras().saving.get_custom_objects()
+    return {node["registered_name"]: found[node["registered_name"]]
+            for node in _class_nodes(config) if node.get("registered_name") in found}
+
+
+def network_class(objects: dict[str, Any]) -> type[KerasNetwork]:
+    """:class:`KerasNetwork`, carrying the registered classes ``objects`` (:func:`registered`)
+    where the config names some: they travel with it (cloudpickled in the spec) to the ranks
+    and scoring tasks, which have not imported the user's modules."""
+    if not objects:
+        return KerasNetwork
+    return type("KerasNetwork", (KerasNetwork,), {"objects": dict(objects)})
+
+
 class KerasNetwork(torch.nn.Module):
     """A ``keras.Model`` built from its JSON ``config`` (checked, safe mode) with Keras' seed
     ``seed``: the same variables, names and initial values in every process. ``outputs``:
     'sigmoid' or 'softmax' where the model outputs probabilities (forward returns their
     logits), 'logits' otherwise."""
 
+    #: registered classes the config names, registered here first (:func:`network_class`)
+    objects: dict[str, Any] = {}
+
     def __init__(self, config: str, seed: int, outputs: str = "logits") -> None:
         from sparkdist.exceptions import ModelLoadError
 
         super().__init__()
         keras = import_keras()
+        keras.saving.get_custom_objects().update(self.objects)
         parsed = json.loads(config)
         check_config(parsed, ModelLoadError, "the Keras model's config")
         with _seeded(keras, seed):

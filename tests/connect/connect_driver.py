@@ -102,6 +102,33 @@ def torch_fit(spark: Any, work: Path) -> dict[str, Any]:
             "fit_s": round(seconds, 1), "same_after_load": before == after}
 
 
+def keras_mlp(input_dim: int) -> Any:
+    import keras
+
+    inputs = keras.Input((input_dim,))
+    hidden = keras.layers.Dense(32, activation="relu")(inputs)
+    return keras.Model(inputs, keras.layers.Dense(1, activation="sigmoid")(hidden))
+
+
+def keras_fit(spark: Any, work: Path) -> dict[str, Any]:
+    """A 2-worker KerasEstimator fit, transform, save and load."""
+    from sparkdist.datasets import make_nonlinear
+    from sparkdist.models import KerasEstimator, KerasModel
+
+    train = spark.createDataFrame(make_nonlinear(2000, 1)).repartition(2)
+    test = spark.createDataFrame(make_nonlinear(500, 2))
+    model = KerasEstimator(model=keras_mlp, numWorkers=2, epochs=6, seed=11, progress=False,
+                           batchSize=64, learningRate=0.01).fit(train)
+    accuracy = model.transform(test).where("prediction = label").count() / 500
+    path = str(work / "keras-model")
+    model.write().save(path)
+    loaded = KerasModel.load(path)
+    before = [r[0] for r in model.transform(test).select("probability").collect()]
+    after = [r[0] for r in loaded.transform(test).select("probability").collect()]
+    return {"losses": [epoch["loss"] for epoch in model.history], "accuracy": accuracy,
+            "same_after_load": before == after}
+
+
 def torch_bounded_retries(spark: Any, work: Path) -> dict[str, Any]:
     """maxRetries=1 with a fault that fires every attempt: bounded from the failure reports."""
     from sparkdist.datasets import make_nonlinear
@@ -180,7 +207,7 @@ def xgboost_fit(spark: Any, work: Path) -> dict[str, Any]:
 SCENARIOS: dict[str, Callable[[Any, Path], dict[str, Any]]] = {
     "classification": classification, "workflow": workflow, "torch": torch_fit,
     "torch_bounded": torch_bounded_retries, "timeout": barrier_timeout, "als": als,
-    "xgboost": xgboost_fit,
+    "xgboost": xgboost_fit, "keras": keras_fit,
 }
 
 

@@ -144,6 +144,15 @@ def test_two_worker_torch_fit_transform_save_load(connect):
 
 
 @pytest.mark.slow
+def test_two_worker_keras_fit_transform_save_load(connect):
+    out = _ok(connect, "keras")
+    losses = out["losses"]
+    assert len(losses) == 6 and losses[-1] < losses[0]
+    assert out["accuracy"] > 0.7
+    assert out["same_after_load"]
+
+
+@pytest.mark.slow
 def test_torch_retries_are_bounded_from_the_failure_reports(connect):
     entry = connect["torch_bounded"]
     assert entry.get("error") == "TrainingError", entry

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 os.environ.setdefault("KERAS_BACKEND", "torch")
 
@@ -20,6 +21,9 @@ keras = pytest.importorskip("keras")
 from sparkdist.exceptions import ModelLoadError, ParamError  # noqa: E402
 from sparkdist.failpoints import arm  # noqa: E402
 from sparkdist.models import KerasEstimator, KerasModel  # noqa: E402
+from pyspark import cloudpickle  # noqa: E402
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Scale travels by value
 
 COMMON = {"progress": False, "numWorkers": 2, "seed": 5, "rendezvousTimeoutSeconds": 60,
           "featureCols": ["x1", "x2", "x3"], "batchSize": 32, "learningRate": 0.01}
@@ -50,7 +54,8 @@ def data(spark, cached):
 
 @pytest.fixture(scope="module")
 def binary(data):
-    return KerasEstimator(model=mlp, loss="binary_crossentropy", epochs=8, **COMMON).fit(data)
+    return KerasEstimator(model=mlp, loss="binary_crossentropy", epochs=8,
+                          validationFraction=0.2, earlyStoppingPatience=3, **COMMON).fit(data)
 
 
 def _accuracy(model, df, label="label"):
@@ -59,6 +64,7 @@ def _accuracy(model, df, label="label"):
 
 def test_a_binary_fit_scores_as_the_keras_model_and_reloads(binary, data, tmp_path):
     assert binary.history[-1]["loss"] < 0.5 * binary.history[0]["loss"]
+    assert binary.history[-1]["val_accuracy"] > 0.85  # validation as TorchEstimator's
     assert _accuracy(binary, data) > 0.9
     rows = binary.transform(data).select("x1", "x2", "x3", "probability",
                                          "rawPrediction").toPandas()
@@ -240,3 +246,59 @@ def test_a_process_set_for_another_keras_backend_is_told_which_variable():
                          env={**os.environ, "KERAS_BACKEND": "jax"}, timeout=120)
     assert run.returncode != 0 and "ParamError" in run.stderr
     assert "KERAS_BACKEND='jax'" in run.stderr and "KERAS_BACKEND=torch" in run.stderr
+
+
+def test_mlflow_logs_the_spark_model_signed_and_the_keras_model(binary, data, tmp_path):
+    mlflow = pytest.importorskip("mlflow")
+    from sparkdist import tracking
+
+    uri = f"sqlite:///{tmp_path}/mlruns.db"
+    with tracking.workflow_run("keras", "workflow", uri=uri):
+        run_id = tracking.log_model_run("model", {}, {}, binary, [], {}, {})
+    info = mlflow.models.get_model_info(f"runs:/{run_id}/model")
+    assert [spec["name"] for spec in info.signature.inputs.to_dict()] == ["x1", "x2", "x3"]
+    rows = data.limit(20).toPandas()
+    features = torch.tensor(rows[["x1", "x2", "x3"]].to_numpy(), dtype=torch.float32)
+    logged = mlflow.keras.load_model(f"runs:/{run_id}/keras_model")
+    with torch.no_grad():
+        expected = binary.keras_model()(features, training=False).numpy()
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(logged(features, training=False)),
+                               expected, atol=1e-6)
+
+
+@keras.saving.register_keras_serializable(package="sparkdist_tests")
+class Scale(keras.layers.Layer):
+    """A registered layer: one trainable factor."""
+
+    def build(self, input_shape):
+        self.factor = self.add_weight(shape=(), initializer="ones")
+
+    def call(self, inputs):
+        return inputs * self.factor
+
+
+class Unregistered(Scale):
+    pass
+
+
+def with_layer(input_dim, layer="registered"):
+    inputs = keras.Input((input_dim,))
+    scaled = (Scale() if layer == "registered" else Unregistered())(inputs)
+    return keras.Model(inputs, keras.layers.Dense(1, activation="sigmoid")(scaled))
+
+
+def test_registered_layers_train_save_and_load_and_others_are_refused(data, tmp_path):
+    with pytest.raises(ParamError, match="Unregistered.*register_keras_serializable"):
+        KerasEstimator(model=with_layer, modelKwargs={"layer": "other"}, **COMMON).fit(data)
+    model = KerasEstimator(model=with_layer, epochs=2, **COMMON).fit(data)
+    model.write().save(str(tmp_path / "model"))
+    loaded = KerasModel.load(str(tmp_path / "model"))
+    assert loaded.transform(data).select("probability").collect() == \
+        model.transform(data).select("probability").collect()
+
+    def unknown(config):  # a class registered in no imported module
+        config["config"]["layers"][1]["registered_name"] = "elsewhere>Scale"
+        config["config"]["layers"][1]["module"] = "elsewhere"
+
+    with pytest.raises(ModelLoadError, match="elsewhere.Scale"):
+        KerasModel.load(_plant(tmp_path / "model", tmp_path / "unknown", unknown))
