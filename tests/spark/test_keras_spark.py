@@ -18,10 +18,11 @@ import torch  # noqa: E402
 
 keras = pytest.importorskip("keras")
 
+from pyspark import cloudpickle  # noqa: E402
+
 from sparkdist.exceptions import ModelLoadError, ParamError  # noqa: E402
 from sparkdist.failpoints import arm  # noqa: E402
 from sparkdist.models import KerasEstimator, KerasModel  # noqa: E402
-from pyspark import cloudpickle  # noqa: E402
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Scale travels by value
 
