@@ -116,6 +116,32 @@ print({name: round(value, 4) for name, value in metrics.items()})
 # COMMAND ----------
 
 # MAGIC %md
+# MAGIC ## The same fit with a Keras 3 model: `KerasEstimator`
+# MAGIC
+# MAGIC A function builds the uncompiled `keras.Model` (here sparkdist's Keras MLP); the loss
+# MAGIC and optimizer are Keras' own.
+# MAGIC Keras runs on its torch backend (`KERAS_BACKEND=torch`, set by sparkdist where unset),
+# MAGIC so the same barrier stage, DDP, checkpoints and `transform` train and score it. The
+# MAGIC fitted model saves as its JSON config plus weights; `keras_model()` returns the trained
+# MAGIC `keras.Model`.
+
+# COMMAND ----------
+
+from sparkdist.models import KerasEstimator
+
+# sparkdist's Keras MLP (any function that builds an uncompiled keras.Model will do)
+keras_model = KerasEstimator(
+    model="sparkdist.torchtrain.keras_net.mlp", modelKwargs={"hidden": [32, 16]},
+    loss="binary_crossentropy", optimizer="adam", epochs=epochs,
+    labelCol="cancelled_within_week", learningRate=learning_rate, batchSize=batch_size,
+    numWorkers=num_workers, useGpu="auto", seed=seed, progress=True).fit(train)
+keras_metrics = evaluate(keras_model, test)
+print("Keras:", {name: round(value, 4) for name, value in keras_metrics.items()})
+keras_model.keras_model().summary()
+
+# COMMAND ----------
+
+# MAGIC %md
 # MAGIC ## A model too big for one worker: `strategy="fsdp"`
 # MAGIC
 # MAGIC Under `ddp` every worker holds the whole network, its gradients and Adam's two moments:

@@ -40,8 +40,9 @@ class _KerasParams(Params):
     model: Param[str] = Param(
         Params._dummy(), "model",
         "a function or class that builds an uncompiled keras.Model from modelKwargs (and "
-        "input_dim, the features per row, where it takes it), or its qualified name in a "
-        "module this process has imported", typeConverter=network.to_name)
+        "input_dim, the features per row, and output_dim, the outputs the loss needs, where it "
+        "takes them), or its qualified name in a module this process has imported (default: "
+        "sparkdist's MLP, sparkdist.torchtrain.keras_net.mlp)", typeConverter=network.to_name)
     loss: Param[str] = Param(
         Params._dummy(), "loss",
         "a Keras loss: a name ('binary_crossentropy', 'sparse_categorical_crossentropy', "
@@ -55,7 +56,8 @@ class _KerasParams(Params):
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
-        self._setDefault(model="", loss="binary_crossentropy", optimizer="adam")
+        self._setDefault(model="sparkdist.torchtrain.keras_net.mlp",
+                         loss="binary_crossentropy", optimizer="adam")
 
     def _loss_kind(self) -> str:
         return keras_net.loss_kind(self.getOrDefault("loss"))[0]
@@ -91,9 +93,6 @@ class KerasEstimator(_KerasEstimatorInit, _KerasParams, TorchEstimator,
         return super()._spec_parts()
 
     def _resolve_network(self) -> type:
-        if not self.getOrDefault("model"):
-            raise ParamError("KerasEstimator needs model: the function or class that builds "
-                             "the uncompiled keras.Model.")
         network.resolve_builder(self.getOrDefault("model"))
         self._loss_kind()
         return keras_net.KerasNetwork

@@ -141,19 +141,36 @@ def _seeded(keras: Any, seed: int) -> Iterator[None]:
             np.random.set_state(numpy)
 
 
+def mlp(input_dim: int, output_dim: int, hidden: tuple[int, ...] = (32,),
+        activation: str | None = "sigmoid") -> Any:
+    """KerasEstimator's default model: Dense layers of ``hidden`` units (ReLU), then
+    ``output_dim`` units with ``activation`` (sigmoid for the default loss,
+    binary_crossentropy; softmax for sparse_categorical_crossentropy; None for logits and
+    regression)."""
+    keras = import_keras()
+    inputs = keras.Input((input_dim,))
+    layer = inputs
+    for units in hidden:
+        layer = keras.layers.Dense(units, activation="relu")(layer)
+    return keras.Model(inputs, keras.layers.Dense(output_dim, activation=activation)(layer))
+
+
 def built_config(builder: Callable[..., Any], kwargs: dict[str, Any], input_dim: int,
                  seed: int, width: int, loss: str) -> str:
-    """The JSON config of the model ``builder`` makes (``input_dim`` filled in where it takes
-    it), checked: a ``keras.Model``, not compiled, ``width`` outputs per row (what ``loss``
-    needs), every class buildable by :class:`KerasNetwork`. ParamError otherwise."""
-    import inspect
+    """The JSON config of the model ``builder`` makes (``input_dim`` and ``output_dim``, the
+    ``width`` outputs per row ``loss`` needs, filled in where it takes them and ``kwargs``
+    does not give them), checked: a ``keras.Model``, not compiled, ``width`` outputs per row,
+    every class buildable by :class:`KerasNetwork`. ParamError otherwise."""
+    from sparkdist.torchtrain.network import build_module
 
     keras = import_keras()
-    filled = {"input_dim": input_dim} if "input_dim" in inspect.signature(builder).parameters \
-        and "input_dim" not in kwargs else {}
-    with _seeded(keras, seed):
-        model = builder(**filled, **kwargs)
     name = getattr(builder, "__qualname__", builder)
+    try:
+        with _seeded(keras, seed):
+            model = build_module(builder, kwargs, input_dim, width)
+    except Exception as err:
+        raise ParamError(f"model={name!r} with modelKwargs={kwargs} fails: "
+                         f"{type(err).__name__}: {err}") from err
     if not isinstance(model, keras.Model):
         raise ParamError(f"model={name!r} returned {type(model).__name__}, not a keras.Model; "
                          f"return the uncompiled model (KerasEstimator gives the loss and "

@@ -174,7 +174,7 @@ def with_lambda(input_dim):
     ({"model": mlp, "strategy": "fsdp"}, ParamError, "strategy='ddp'"),
     ({"model": mlp, "optimizer": keras.optimizers.Adam(clipnorm=1.0)}, ParamError,
      "clipnorm"),
-    ({}, ParamError, "needs model"),
+    ({"model": mlp, "modelKwargs": {"units": 3}}, ParamError, "units"),
 ])
 def test_bad_input_is_refused_before_launch(data, params, error, message):
     with pytest.raises(error, match=message):
