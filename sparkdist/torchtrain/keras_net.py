@@ -54,6 +54,8 @@ OPTIMIZERS: dict[str, tuple[str, dict[str, str]]] = {
 #: Keras optimizer settings torch.optim has no equivalent of: refused unless at the default.
 _UNMAPPED = {"clipnorm": None, "global_clipnorm": None, "clipvalue": None, "use_ema": False,
              "loss_scale_factor": None, "gradient_accumulation_steps": None}
+#: Keras layers whose config holds code or names a file to load: never built from a config.
+CODE_LAYERS = ("Lambda", "TorchModuleWrapper", "JaxLayer", "FlaxLayer", "TFSMLayer")
 #: Markers in a Keras config that hold data, not a class to build.
 _DATA_MARKERS = ("__keras_tensor__", "__tensor__", "__numpy__", "__bytes__")
 
@@ -93,11 +95,12 @@ def check_config(config: Any, error: type[Exception], where: str) -> None:
             continue
         found = registered.get(node.get("registered_name")) if node.get("registered_name") \
             in registered else _keras_attribute(module, name)
-        if name == "Lambda" or not (isinstance(found, type) and issubclass(found, allowed)):
-            raise error(f"{where} names {module}.{name}, which sparkdist does not build: it "
-                        f"builds Keras' own layers and the classes registered with "
-                        f"keras.saving.register_keras_serializable in an imported module"
-                        f"{' (a Lambda layer is Python bytecode: write a registered Layer subclass instead)' if name == 'Lambda' else ''}.")  # noqa: E501
+        if name in CODE_LAYERS or not (isinstance(found, type) and issubclass(found, allowed)):
+            why = f" (a {name} layer holds or loads code: write a registered Layer subclass " \
+                "instead)" if name in CODE_LAYERS else ""
+            raise error(f"{where} names {module}.{name}, which sparkdist does not build{why}: "
+                        f"it builds Keras' own layers and the classes registered with "
+                        f"keras.saving.register_keras_serializable in an imported module.")
 
 
 def _class_nodes(config: Any) -> Iterator[dict[str, Any]]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from sparkdist.exceptions import ParamError
@@ -119,10 +120,11 @@ def _lookup(name: str, param: str) -> Any:
                          f"before the fit or load.") from err
 
 
-def build_module(module_class: type[torch.nn.Module], kwargs: dict[str, Any], input_dim: int,
-                 output_dim: int) -> torch.nn.Module:
-    """Instantiate a class from :func:`resolve_model`; ``input_dim``/``output_dim`` are filled
-    in from the data when the constructor takes them and ``kwargs`` leaves them out."""
+def build_module(module_class: Callable[..., Any], kwargs: dict[str, Any], input_dim: int,
+                 output_dim: int) -> Any:
+    """Call a class from :func:`resolve_model` (or a builder from :func:`resolve_builder`);
+    ``input_dim``/``output_dim`` are filled in from the data when it takes them and ``kwargs``
+    leaves them out."""
     accepted = inspect.signature(module_class).parameters
     filled = {name: value for name, value in (("input_dim", input_dim),
                                               ("output_dim", output_dim))
