@@ -34,7 +34,7 @@ RESULTS = BENCH / "results"
 LATEST = RESULTS / "latest.json"
 PAGE = REPO / "docs" / "performance.md"
 SCRIPTS = ("split_assembly", "classical", "deep", "parallel", "communication", "quantization",
-           "daemon_memory", "inputs", "finetune")
+           "daemon_memory", "inputs", "finetune", "keras_estimator")
 #: A run is noise, not a result, where the 1-minute load average exceeded this before it
 #: started (or, for a result without per-process figures, at any sample) ...
 NOISY_LOAD = 1.5
@@ -202,7 +202,8 @@ def table(figures: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
                           ("communication", _communication_rows),
                           ("quantization", _quantization_rows),
                           ("daemon_memory", _daemon_rows), ("inputs", _inputs_rows),
-                          ("finetune", _finetune_rows)):
+                          ("finetune", _finetune_rows),
+                          ("keras_estimator", _keras_rows)):
         if name not in figures:
             continue
 
@@ -372,6 +373,26 @@ def _finetune_rows(f: dict[str, Any], row: Any) -> None:
         + (f", where the largest |logit| is {merged['largest_abs_logit']:.1f} (float32 "
            f"spacing up to {merged['largest_abs_logit'] / 2**23:.1e})"
            if "largest_abs_logit" in merged else ""))
+
+
+def _keras_rows(f: dict[str, Any], row: Any) -> None:
+    """bench/keras_estimator.py: KerasEstimator against TorchEstimator and Keras' own fit."""
+    digits = f["digits"]
+    row("Digits, Keras MLP by KerasEstimator vs the torch MLP by TorchEstimator: test "
+        "accuracy", digits["keras_accuracy"], digits["torch_accuracy"],
+        digits["keras_accuracy"], digits["target"], "accuracy", digits["definition"])
+    for kind in ("warm", "cold"):
+        side = f["speed"][kind]
+        row(f"Digits fit, KerasEstimator vs TorchEstimator: samples/s, {kind}",
+            side["keras_samples_per_s"], side["torch_samples_per_s"], side["ratio"], "-",
+            "samples/s", "wall clock on the driver around the whole fit, 2 workers; cold: "
+            "each side's first call (Keras' first, so it also pays the session's first "
+            "barrier stage), warm: the median of the calls after it, the sides alternating")
+    for name, found in f["against_keras_fit"].items():
+        row(f"1 worker, 5 steps, {name}: largest weight difference from keras.Model.fit",
+            found["max_abs_difference"], 0.0, found["max_abs_difference"], found["target"],
+            "difference", "the same seed, data and batches (the whole data per step); "
+            "torch.optim's Adam adds epsilon after the bias correction, Keras' before")
 
 
 def _deep_rows(f: dict[str, Any], row: Any) -> None:

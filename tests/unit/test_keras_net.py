@@ -96,3 +96,30 @@ def test_keras_distribution_api_has_no_torch_implementation():
     assert keras.__version__.startswith("3.15.")
     with pytest.raises(AttributeError):
         keras.distribution.list_devices()
+
+
+def test_fsdp_would_leave_a_keras_model_untrained(monkeypatch):
+    """Why KerasEstimator refuses strategy='fsdp': fully_shard replaces the module's
+    parameters with sharded ones, which Keras' variables do not use, so no gradient reaches
+    them."""
+    import socket
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    for name, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0",
+                        "WORLD_SIZE": "1", "GLOO_SOCKET_IFNAME": "lo"}.items():
+        monkeypatch.setenv(name, value)
+    dist.init_process_group("gloo")
+    try:
+        config = json.dumps(keras.saving.serialize_keras_object(keras_net.mlp(3, 1)))
+        network = keras_net.KerasNetwork(config, seed=1)
+        fully_shard(network, mesh=init_device_mesh("cpu", (1,)))
+        network(torch.randn(4, 3)).sum().backward()
+        assert all(parameter.grad is None for parameter in network.parameters())
+    finally:
+        dist.destroy_process_group()
