@@ -21,6 +21,8 @@ CHEAP_FITS = {
     "ALS": ("ratings", {"rank": 2, "maxIter": 1, "checkpointInterval": -1}),
     "TorchEstimator": ("vectors", {"epochs": 1, "numWorkers": 1, "batchSize": 8,
                                    "progress": False}),
+    "KerasEstimator": ("vectors", {"epochs": 1, "numWorkers": 1, "batchSize": 8,
+                                   "progress": False}),
     "XGBoostClassifier": ("vectors", {"n_estimators": 2, "num_workers": 1}),
     "XGBoostRegressor": ("vectors", {"n_estimators": 2, "num_workers": 1}),
 }
