@@ -22,8 +22,9 @@ class _KerasModelOwn(Params):
 
     def setOptimizer(self: _S, value: Any) -> _S:
         """Sets the value of :py:attr:`optimizer`: a Keras optimizer: ['adam', 'adamw', 'rmsprop',
-        'sgd'] or an optimizer of those classes (stored as its config; its learning rate replaces
-        learningRate), run as torch.optim's equivalent with Keras' settings."""
+        'sgd'] or an optimizer of those classes (stored as its config; it carries its own learning
+        rate and weight decay, so learningRate and weightDecay are then refused), run as
+        torch.optim's equivalent with Keras' settings."""
         return self._set(optimizer=value)
 
 

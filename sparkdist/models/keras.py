@@ -51,8 +51,9 @@ class _KerasParams(Params):
     optimizer: Param[str] = Param(
         Params._dummy(), "optimizer",
         f"a Keras optimizer: {sorted(keras_net.OPTIMIZERS)} or an optimizer of those classes "
-        "(stored as its config; its learning rate replaces learningRate), run as torch.optim's "
-        "equivalent with Keras' settings", typeConverter=keras_net.stored_optimizer)
+        "(stored as its config; it carries its own learning rate and weight decay, so "
+        "learningRate and weightDecay are then refused), run as torch.optim's equivalent with "
+        "Keras' settings", typeConverter=keras_net.stored_optimizer)
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
@@ -98,15 +99,19 @@ class KerasEstimator(_KerasEstimatorInit, _KerasParams, TorchEstimator,
         return keras_net.KerasNetwork
 
     def _optimizer(self) -> tuple[str, float, float, tuple[tuple[str, Any], ...]]:
+        """A name: learningRate and weightDecay apply (Keras' AdamW decay where weightDecay
+        is unset). An optimizer object: its own settings, so setting either is refused."""
         name, rate, options = keras_net.torch_optimizer(self.getOrDefault("optimizer"))
-        for param, value in (("learningRate", rate), ("weightDecay",
-                                                      options.get("weight_decay"))):
-            if value is not None and self.isSet(param):
-                raise ParamError(f"{param} is set and so is optimizer's own setting; set it "
-                                 f"in one place (the Keras optimizer, or {param}).")
-        decay = options.pop("weight_decay", self.getOrDefault("weightDecay"))
-        return (name, rate if rate is not None else self.getOrDefault("learningRate"), decay,
-                tuple(sorted(options.items())))
+        keras_decay = options.pop("weight_decay", None)
+        if rate is None:
+            decay = self.getOrDefault("weightDecay") if self.isSet("weightDecay") \
+                or keras_decay is None else keras_decay
+            return name, self.getOrDefault("learningRate"), decay, tuple(sorted(options.items()))
+        for param in ("learningRate", "weightDecay"):
+            if self.isSet(param):
+                raise ParamError(f"{param} is set and optimizer is a Keras optimizer, which "
+                                 f"carries its own; set it on the optimizer.")
+        return name, rate, keras_decay or 0.0, tuple(sorted(options.items()))
 
     def _data_rules(self, source: list[str]) -> DataRules:
         return dataclasses.replace(super()._data_rules(source), loss=self._loss_kind())

@@ -123,3 +123,16 @@ def test_fsdp_would_leave_a_keras_model_untrained(monkeypatch):
         assert all(parameter.grad is None for parameter in network.parameters())
     finally:
         dist.destroy_process_group()
+
+
+def test_a_named_optimizer_takes_the_params_and_an_object_its_own_settings():
+    from sparkdist.models import KerasEstimator
+
+    assert KerasEstimator(optimizer="adamw")._optimizer()[1:3] == (1e-3, 0.004)
+    assert KerasEstimator(optimizer="adamw", weightDecay=0.1,
+                          learningRate=0.02)._optimizer()[1:3] == (0.02, 0.1)
+    assert KerasEstimator(optimizer="adam", weightDecay=0.1)._optimizer()[2] == 0.1
+    sgd = keras.optimizers.SGD(learning_rate=0.5)
+    assert KerasEstimator(optimizer=sgd)._optimizer()[1:3] == (0.5, 0.0)
+    with pytest.raises(ParamError, match="learningRate is set"):
+        KerasEstimator(optimizer=sgd, learningRate=0.1)._optimizer()
