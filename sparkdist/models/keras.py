@@ -77,11 +77,13 @@ class KerasEstimator(_KerasEstimatorInit, _KerasParams, TorchEstimator,
 
     Examples
     --------
-    >>> def mlp(input_dim, hidden=32):
-    ...     inputs = keras.Input((input_dim,))
-    ...     hidden = keras.layers.Dense(hidden, activation="relu")(inputs)
-    ...     return keras.Model(inputs, keras.layers.Dense(1, activation="sigmoid")(hidden))
-    >>> model = KerasEstimator(model=mlp, loss="binary_crossentropy", numWorkers=2).fit(df)
+    >>> est = KerasEstimator(labelCol="cancelled_within_week", loss="binary_crossentropy",
+    ...                      modelKwargs={"hidden": [16]}, epochs=1, numWorkers=1)
+    >>> model = est.fit(assembled_train)  # sparkdist's Keras MLP: any builder will do
+    >>> model.transform(assembled_test).columns[-3:]
+    ['prediction', 'rawPrediction', 'probability']
+    >>> type(model.keras_model()).__name__
+    'Functional'
     """
 
     _generated_init = True

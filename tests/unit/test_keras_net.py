@@ -98,31 +98,38 @@ def test_keras_distribution_api_has_no_torch_implementation():
         keras.distribution.list_devices()
 
 
-def test_fsdp_would_leave_a_keras_model_untrained(monkeypatch):
+_FSDP_PROBE = """
+import json, os, socket
+import keras, torch, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from sparkdist.torchtrain import keras_net
+with socket.socket() as sock:
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
+dist.init_process_group("gloo")
+network = keras_net.KerasNetwork(json.dumps(keras.saving.serialize_keras_object(
+    keras_net.mlp(3, 1))), seed=1)
+fully_shard(network, mesh=init_device_mesh("cpu", (1,)))
+network(torch.randn(4, 3)).sum().backward()
+print("grads:", [parameter.grad is not None for parameter in network.parameters()])
+dist.destroy_process_group()
+"""
+
+
+def test_fsdp_would_leave_a_keras_model_untrained():
     """Why KerasEstimator refuses strategy='fsdp': fully_shard replaces the module's
     parameters with sharded ones, which Keras' variables do not use, so no gradient reaches
-    them."""
-    import socket
+    them. (In a subprocess: a process group in pytest's process hangs later forks.)"""
+    import subprocess
+    import sys
 
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    for name, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0",
-                        "WORLD_SIZE": "1", "GLOO_SOCKET_IFNAME": "lo"}.items():
-        monkeypatch.setenv(name, value)
-    dist.init_process_group("gloo")
-    try:
-        config = json.dumps(keras.saving.serialize_keras_object(keras_net.mlp(3, 1)))
-        network = keras_net.KerasNetwork(config, seed=1)
-        fully_shard(network, mesh=init_device_mesh("cpu", (1,)))
-        network(torch.randn(4, 3)).sum().backward()
-        assert all(parameter.grad is None for parameter in network.parameters())
-    finally:
-        dist.destroy_process_group()
+    run = subprocess.run([sys.executable, "-c", _FSDP_PROBE], capture_output=True, text=True,
+                         env={**os.environ, "KERAS_BACKEND": "torch",
+                              "GLOO_SOCKET_IFNAME": "lo"}, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "grads: [False, False, False, False]" in run.stdout
 
 
 def test_a_named_optimizer_takes_the_params_and_an_object_its_own_settings():
