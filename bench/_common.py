@@ -191,3 +191,22 @@ def provenance() -> dict[str, Any]:
             "host": f"{os.cpu_count()} cores, Python {platform.python_version()}, "
                     f"{platform.system()} {platform.machine()}",
             **monitor().result()}
+
+
+def cold_and_warm(sides: dict[str, Any], repeats: int
+                  ) -> tuple[dict[str, float], dict[str, list], dict[str, Any]]:
+    """Each side's cold seconds (its first call), warm runs (``repeats`` more, the sides
+    alternating) and last result."""
+    cold: dict[str, float] = {}
+    warm: dict[str, list[float]] = {name: [] for name in sides}
+    last: dict[str, Any] = {}
+    for round_ in range(repeats + 1):
+        for name, call in sides.items():
+            started = time.perf_counter()
+            last[name] = call()
+            seconds = time.perf_counter() - started
+            if round_:
+                warm[name].append(seconds)
+            else:
+                cold[name] = seconds
+    return cold, warm, last

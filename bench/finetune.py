@@ -27,11 +27,10 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
-import time
 from typing import Any
 
 import numpy as np
-from _common import machine, start_spark, write_result
+from _common import cold_and_warm, machine, start_spark, write_result
 
 #: The code this benchmark measures: bench/report.py marks a figure STALE when any of it
 #: changed after the figure's commit.
@@ -72,25 +71,6 @@ def test_loss(model: Any, df: Any) -> float:
     return float(-np.mean(np.log(np.maximum(picked, 1e-12))))
 
 
-def timed(sides: dict[str, Any], repeats: int) -> tuple[dict[str, float], dict[str, list],
-                                                       dict[str, Any]]:
-    """Each side's cold seconds (its first call), warm runs (``repeats`` more, the sides
-    alternating) and last result."""
-    cold: dict[str, float] = {}
-    warm: dict[str, list[float]] = {name: [] for name in sides}
-    last: dict[str, Any] = {}
-    for round_ in range(repeats + 1):
-        for name, call in sides.items():
-            started = time.perf_counter()
-            last[name] = call()
-            seconds = time.perf_counter() - started
-            if round_:
-                warm[name].append(seconds)
-            else:
-                cold[name] = seconds
-    return cold, warm, last
-
-
 def busiest(model: Any, field: str) -> float:
     return max(rank[field] for rank in model.trainingSummary["ranks"])
 
@@ -117,8 +97,8 @@ def figures(spark: Any, rows: int, repeats: int, epochs: int) -> dict[str, Any]:
     base.write().save(f"{where}/base")
     full = estimator(initialWeights=f"{where}/base", epochs=epochs, learningRate=1e-3)
     lora = estimator(initialWeights=f"{where}/base", epochs=epochs, learningRate=2e-3, **LORA)
-    cold, warm, last = timed({"lora": lambda: lora.fit(second),
-                              "full": lambda: full.fit(second)}, repeats)
+    cold, warm, last = cold_and_warm({"lora": lambda: lora.fit(second),
+                                      "full": lambda: full.fit(second)}, repeats)
     adapted, whole = last["lora"], last["full"]
     samples = rows * epochs
     adapters, total = trainable_share(adapted)

@@ -22,11 +22,10 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import time
 from typing import Any
 
 import numpy as np
-from _common import machine, start_spark, write_result
+from _common import cold_and_warm, machine, start_spark, write_result
 
 os.environ.setdefault("KERAS_BACKEND", "torch")
 
@@ -60,23 +59,6 @@ def estimators(epochs: int) -> dict[str, Any]:
             "torch": TorchEstimator(model="sparkdist.torchtrain.nets.MLP",
                                     modelKwargs={"hidden": HIDDEN}, loss="cross_entropy",
                                     **common)}
-
-
-def timed(sides: dict[str, Any], train: Any, repeats: int) -> tuple[dict, dict, dict]:
-    """Each side's cold seconds, warm runs (the sides alternating) and last model."""
-    cold: dict[str, float] = {}
-    warm: dict[str, list[float]] = {name: [] for name in sides}
-    last: dict[str, Any] = {}
-    for round_ in range(repeats + 1):
-        for name, estimator in sides.items():
-            started = time.perf_counter()
-            last[name] = estimator.fit(train)
-            seconds = time.perf_counter() - started
-            if round_:
-                warm[name].append(seconds)
-            else:
-                cold[name] = seconds
-    return cold, warm, last
 
 
 def accuracy(model: Any, test: Any) -> float:
@@ -116,7 +98,8 @@ def against_keras_fit(spark: Any) -> dict[str, Any]:
 def figures(spark: Any, epochs: int, repeats: int) -> dict[str, Any]:
     train, test = digits(spark)
     rows = train.count()
-    cold, warm, last = timed(estimators(epochs), train, repeats)
+    cold, warm, last = cold_and_warm({name: (lambda e=estimator: e.fit(train)) for name, estimator
+                              in estimators(epochs).items()}, repeats)
     seconds = {"cold": cold, "warm": {k: statistics.median(v) for k, v in warm.items()}}
     speed = {kind: {"keras_samples_per_s": round(rows * epochs / s["keras"]),
                     "torch_samples_per_s": round(rows * epochs / s["torch"]),
