@@ -1,4 +1,5 @@
-"""One GPU: TorchEstimator against a plain torch loop, bf16 against fp32, XGBoost cuda vs cpu.
+"""One GPU: TorchEstimator and TorchModel.transform against plain torch loops, bf16 against
+fp32, XGBoost cuda vs cpu.
 
 Every figure is a ratio of two things measured in this run, on this GPU; each has its
 definition in a ``note`` next to it.
@@ -12,6 +13,12 @@ definition in a ``note`` next to it.
     TorchEstimator has no mixed-precision Param, so it has no bf16 figure.
 (c) xgboost: wall clock around ``sparkdist.models.XGBoostClassifier.fit`` (numWorkers=1) with
     ``device="cuda"`` against ``device="cpu"``, same cached DataFrame, same Params.
+(d) scoring: samples/s of ``TorchModel.transform`` + a count that needs the predictions (the
+    model from a 1-epoch ``useGpu=True`` fit, scoring on the task's GPU) against a plain torch
+    loop in this process over the same Arrow batches (the cached DataFrame's, collected once)
+    on the same GPU: each batch's features as a float32 matrix, moved to the GPU in slices of
+    the model's scoring batch size, the network, the outputs back to the CPU. With each side's
+    GPU utilisation while it ran (``nvidia-smi`` sampled every 100 ms; null without it).
 
 Each side: one warm-up, then the median of ``--repeats`` runs, the sides alternating.
 
@@ -40,10 +47,14 @@ import glob
 import json
 import os
 import platform
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
+import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -57,10 +68,10 @@ echo "{\\"name\\": \\"gpu\\", \\"addresses\\": [\\"${first:-0}\\"]}"
 """
 FULL = {"rows": 1_000_000, "dim": 256, "hidden": [1024, 1024], "batch": 8192, "epochs": 6,
         "xgb_rows": 500_000, "xgb_dim": 64, "n_estimators": 100, "max_depth": 8,
-        "worker_mb": 24576, "executor_memory": "20g"}
+        "worker_mb": 24576, "executor_memory": "20g", "driver_memory": "8g"}
 QUICK = {"rows": 65_536, "dim": 64, "hidden": [256, 256], "batch": 8192, "epochs": 3,
          "xgb_rows": 20_000, "xgb_dim": 16, "n_estimators": 10, "max_depth": 4,
-         "worker_mb": 4096, "executor_memory": "3g"}
+         "worker_mb": 4096, "executor_memory": "3g", "driver_memory": "2g"}
 
 
 # ------------------------------------------------------------------ the plain torch reference
@@ -130,6 +141,9 @@ def start_spark(cores: int, size: dict[str, Any], scratch: Path) -> Any:
                      app_name="sparkdist-bench-gpu",
                      conf={"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
                            "spark.executor.memory": size["executor_memory"],
+                           # (d) collects the scored rows' Arrow batches into this process
+                           "spark.driver.memory": size["driver_memory"],
+                           "spark.driver.maxResultSize": "0",
                            "spark.task.cpus": str(cores),
                            "spark.worker.resource.gpu.amount": "1",
                            "spark.worker.resource.gpu.discoveryScript": str(script),
@@ -298,6 +312,138 @@ def xgboost_figures(spark: Any, size: dict[str, Any], repeats: int, cores: int) 
                     "each, alternating."}
 
 
+# ---------------------------------------------------------------------------------- scoring
+def plain_scoring(module: Any, batches: list[Any], dim: int, batch_size: int,
+                  device: str) -> int:
+    """TorchModel's scoring by hand: each Arrow batch's ``features`` list array read in place as
+    a float32 matrix, ``batch_size`` rows at a time to ``device``, the network under
+    ``torch.no_grad()``, the outputs back to the CPU and ``prediction`` = logit > 0; returns
+    the rows with a prediction."""
+    import numpy as np
+    import torch
+
+    dev = torch.device(device)
+    rows = 0
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # a read-only view, never written
+        for batch in batches:
+            column = batch.column(0)
+            if not len(column):
+                continue
+            x = column.flatten().to_numpy(zero_copy_only=False).reshape(len(column), dim)
+            logits = torch.cat([module(torch.from_numpy(x[start:start + batch_size]).to(dev))
+                                .cpu() for start in range(0, len(x), batch_size)])
+            prediction = (logits[:, 0] > 0).double().numpy()
+            rows += int(np.count_nonzero(~np.isnan(prediction)))
+    return rows
+
+
+class Utilisation:
+    """The GPU's utilisation (%), sampled by ``nvidia-smi`` every ``every_ms`` while the
+    ``with`` block runs; no samples where nvidia-smi is missing."""
+
+    def __init__(self, index: str, every_ms: int = 100) -> None:
+        self.index, self.every_ms = index, every_ms
+        self.samples: list[float] = []
+        self._proc: subprocess.Popen | None = None
+        self._reader: threading.Thread | None = None
+
+    def __enter__(self) -> Utilisation:
+        exe = shutil.which("nvidia-smi")
+        if exe:
+            self._proc = subprocess.Popen(
+                [exe, "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-i",
+                 self.index, "-lms", str(self.every_ms)], stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL, text=True)
+            self._reader = threading.Thread(target=self._read, daemon=True)
+            self._reader.start()
+        return self
+
+    def _read(self) -> None:
+        assert self._proc is not None and self._proc.stdout is not None
+        for line in self._proc.stdout:
+            with contextlib.suppress(ValueError):
+                self.samples.append(float(line.strip()))
+
+    def __exit__(self, *exc: object) -> None:
+        if self._proc is not None:
+            self._proc.terminate()
+            self._proc.wait(timeout=10)
+        if self._reader is not None:
+            self._reader.join(timeout=10)
+
+
+def utilisation_summary(samples: list[float]) -> dict[str, Any] | None:
+    """Mean and highest utilisation (%) and the sample count; None without samples."""
+    if not samples:
+        return None
+    return {"mean_percent": round(statistics.mean(samples), 1),
+            "max_percent": round(max(samples), 1), "samples": len(samples)}
+
+
+def gpu_index() -> str:
+    """The GPU the worker discovers (DISCOVERY): the first of CUDA_VISIBLE_DEVICES, else 0."""
+    return os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0] or "0"
+
+
+def scoring_figures(spark: Any, size: dict[str, Any], repeats: int) -> dict[str, Any]:
+    """(d) TorchModel.transform on the task's GPU against a plain loop over the same Arrow
+    batches on the same GPU, each with its GPU utilisation."""
+    from pyspark.sql import functions as F
+
+    from sparkdist.models import TorchEstimator
+
+    rows, dim, hidden = size["rows"], size["dim"], size["hidden"]
+    sample = random_frame(spark, min(rows, 8192), dim, seed=4)
+    model = TorchEstimator(modelKwargs={"hidden": hidden}, epochs=1, numWorkers=1,
+                           useGpu=True, progress=False, seed=4).fit(sample)
+    sample.unpersist()
+    df = random_frame(spark, rows, dim, seed=3)
+    batches = df.select("features").toArrow().to_batches()
+    batch = model.getOrDefault("inferenceBatchSize")
+    module = model.module().to("cuda").eval()
+
+    def ours() -> int:
+        return int(model.transform(df).where(F.col("prediction").isNotNull()).count())
+
+    def plain() -> int:
+        return plain_scoring(module, batches, dim, batch, "cuda")
+
+    sides = {"sparkdist": ours, "plain": plain}
+    for name, call in sides.items():  # one warm-up each
+        assert call() == rows, name
+    seconds: dict[str, list[float]] = {name: [] for name in sides}
+    samples: dict[str, list[float]] = {name: [] for name in sides}
+    for _ in range(repeats):
+        for name, call in sides.items():
+            with Utilisation(gpu_index()) as sampler:
+                begin = time.perf_counter()
+                call()
+                seconds[name].append(time.perf_counter() - begin)
+            samples[name] += sampler.samples
+    df.unpersist()
+    ours_s, plain_s = (statistics.median(seconds[k]) for k in ("sparkdist", "plain"))
+    return {"rows": rows, "features": dim, "hidden": hidden, "batch_size": batch,
+            "sparkdist_samples_per_s": round(rows / ours_s),
+            "plain_samples_per_s": round(rows / plain_s), "ratio": round(plain_s / ours_s, 3),
+            "sparkdist_s_all": [round(s, 3) for s in seconds["sparkdist"]],
+            "plain_s_all": [round(s, 3) for s in seconds["plain"]],
+            "gpu_utilisation": {name: utilisation_summary(found)
+                                for name, found in samples.items()},
+            "note": "ratio: samples/s of TorchModel.transform + a count that needs the "
+                    "predictions (filter prediction IS NOT NULL), the model from a 1-epoch "
+                    "useGpu=True fit scoring on the GPU Spark assigned to the task, over "
+                    "samples/s of a plain torch loop in the driver process over the same "
+                    "Arrow batches (the cached DataFrame's features, collected once before) "
+                    "on the same GPU: each batch's list array read in place as a float32 "
+                    "matrix, moved to the GPU in slices of the model's scoring batch size, "
+                    "the same network under no_grad, the outputs back to the CPU, prediction "
+                    "= logit > 0. Wall clock around each call; median of "
+                    f"{repeats} after one warm-up each, alternating. gpu_utilisation: "
+                    "nvidia-smi's utilization.gpu every 100 ms during each side's timed "
+                    "calls (null without nvidia-smi)."}
+
+
 # ------------------------------------------------------------------------------------ main
 def save(line: str) -> None:
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
@@ -332,6 +478,7 @@ def main(argv: list[str] | None = None) -> int:
             figures: dict[str, Any] = {"benchmark": "gpu", "quick": args.quick,
                                        "repeats": repeats}
             figures.update(torch_figures(spark, size, repeats))
+            figures["scoring"] = scoring_figures(spark, size, repeats)
             figures["xgboost"] = xgboost_figures(spark, size, repeats, args.cores)
             import xgboost
 

@@ -34,7 +34,7 @@ RESULTS = BENCH / "results"
 LATEST = RESULTS / "latest.json"
 PAGE = REPO / "docs" / "performance.md"
 SCRIPTS = ("split_assembly", "classical", "deep", "parallel", "communication", "quantization",
-           "daemon_memory", "inputs", "finetune", "keras_estimator")
+           "daemon_memory", "inputs", "finetune", "keras_estimator", "scoring")
 #: A run is noise, not a result, where the 1-minute load average exceeded this before it
 #: started (or, for a result without per-process figures, at any sample) ...
 NOISY_LOAD = 1.5
@@ -203,7 +203,7 @@ def table(figures: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
                           ("quantization", _quantization_rows),
                           ("daemon_memory", _daemon_rows), ("inputs", _inputs_rows),
                           ("finetune", _finetune_rows),
-                          ("keras_estimator", _keras_rows)):
+                          ("keras_estimator", _keras_rows), ("scoring", _scoring_rows)):
         if name not in figures:
             continue
 
@@ -393,6 +393,39 @@ def _keras_rows(f: dict[str, Any], row: Any) -> None:
             found["max_abs_difference"], 0.0, found["max_abs_difference"], found["target"],
             "difference", "the same seed, data and batches (the whole data per step); "
             "torch.optim's Adam adds epsilon after the bias correction, Keras' before")
+
+
+def _scoring_rows(f: dict[str, Any], row: Any) -> None:
+    """bench/scoring.py: TorchModel.transform against a bare mapInArrow with the network
+    built, int8 against float32, the model load per task and the scoring UDF's size."""
+    t, net = f["throughput"], f["network"]
+    shape = "-".join(str(n) for n in [net["features"], *net["hidden"], net["outputs"]])
+    for kind in ("cold", "warm"):
+        side = t[kind]
+        row(f"TorchModel.transform vs bare mapInArrow with the network built, MLP {shape}, "
+            f"{t['rows']:,} rows, rows/s, {kind}", side["sparkdist_rows_per_s"],
+            side["bare_rows_per_s"], side["ratio"], t["target"], "rows/s", t["definition"])
+    for kind in ("cold", "warm"):
+        side = t[kind]
+        row(f"TorchModel transform int8 vs float32, MLP {shape}, rows/s, {kind} (speed-up)",
+            side["int8_rows_per_s"], side["sparkdist_rows_per_s"], side["int8_speedup"], "-",
+            "rows/s", t["definition"])
+    load = f["load"]
+    row(f"TorchModel model load per task on a hit, seconds, median of {load['later_tasks']} "
+        f"tasks ({load['later_hits']} hits; reference: the target {load['target']} s; first "
+        f"load {load['first_s']} s)", load["later_s"],
+        float(load["target"].split()[-1]), load["ratio_to_target"], "<= 1.0", "s",
+        load["definition"])
+    classical = f["classical"]
+    for kind in ("cold", "warm"):
+        side = classical[kind]
+        row(f"LogisticRegressionModel.transform vs the MLlib model it wraps, "
+            f"{classical['rows']:,} rows, seconds, {kind}", side["sparkdist_s"],
+            side["mllib_s"], side["ratio"], classical["target"], "s", classical["definition"])
+    udf = f["udf"]
+    row(f"TorchModel.transform UDF, pickled bytes, {udf['model_bytes'] / 1e6:,.0f} MB model "
+        f"(reference: the target, 1 MiB)", udf["udf_bytes"], udf["target_bytes"],
+        udf["ratio_to_target"], "<= 1.0", "bytes", udf["definition"])
 
 
 def _deep_rows(f: dict[str, Any], row: Any) -> None:

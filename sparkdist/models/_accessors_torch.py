@@ -26,6 +26,18 @@ class _Shared1(Params):
         """Gets the value of :py:attr:`featureCols` or its default value."""
         return self.getOrDefault("featureCols")
 
+    def getInferenceBatchSize(self) -> int:
+        """Gets the value of :py:attr:`inferenceBatchSize` or its default value."""
+        return self.getOrDefault("inferenceBatchSize")
+
+    def getInferenceCacheBytes(self) -> int:
+        """Gets the value of :py:attr:`inferenceCacheBytes` or its default value."""
+        return self.getOrDefault("inferenceCacheBytes")
+
+    def getInferencePrecision(self) -> str:
+        """Gets the value of :py:attr:`inferencePrecision` or its default value."""
+        return self.getOrDefault("inferencePrecision")
+
     def getInputCols(self) -> dict:
         """Gets the value of :py:attr:`inputCols` or its default value."""
         return self.getOrDefault("inputCols")
@@ -68,8 +80,7 @@ class _Shared1(Params):
 
     def setBatchSize(self: _S, value: int) -> _S:
         """Sets the value of :py:attr:`batchSize`: rows per worker in a training step (as in DDP and
-        Horovod: a step takes batchSize x numWorkers rows in all), and rows per scoring batch, >=
-        1."""
+        Horovod: a step takes batchSize x numWorkers rows in all), >= 1."""
         return self._set(batchSize=value)
 
     def setFeatureCols(self: _S, value: list[str]) -> _S:
@@ -80,6 +91,22 @@ class _Shared1(Params):
     def setFeaturesCol(self: _S, value: str) -> _S:
         """Sets the value of :py:attr:`featuresCol`: features column name."""
         return self._set(featuresCol=value)
+
+    def setInferenceBatchSize(self: _S, value: int) -> _S:
+        """Sets the value of :py:attr:`inferenceBatchSize`: scoring: rows per call of the network,
+        >= 1."""
+        return self._set(inferenceBatchSize=value)
+
+    def setInferenceCacheBytes(self: _S, value: int) -> _S:
+        """Sets the value of :py:attr:`inferenceCacheBytes`: scoring: bytes of weights each Python
+        worker keeps built for later tasks and jobs (least recently used evicted), >= 0; 0 keeps
+        none."""
+        return self._set(inferenceCacheBytes=value)
+
+    def setInferencePrecision(self: _S, value: str) -> _S:
+        """Sets the value of :py:attr:`inferencePrecision`: scoring: 'float32', or 'bf16'/'fp16'
+        (autocast on the task's device, GPU or CPU)."""
+        return self._set(inferencePrecision=value)
 
     def setInputCols(self: _S, value: Any) -> _S:
         """Sets the value of :py:attr:`inputCols`: a dict from the network's forward argument names
@@ -181,22 +208,24 @@ class _TorchEstimatorInit(Params):
         earlyStoppingPatience: int | None = None, epochs: int | None = None,
         featureCols: list[str] | None = None, featuresCol: str | None = None,
         freeze: list[str] | None = None, fsdpWrap: list[str] | None = None,
-        gradientCompression: str | None = None, initialWeights: str | None = None,
-        inputCols: Any = None, inputShapes: Any = None, keepCheckpoints: int | None = None,
-        labelCol: str | None = None, labelCols: list[str] | None = None,
-        learningRate: float | None = None, loss: Any = None, maxRetries: int | None = None,
-        maxSequenceLength: int | None = None, maxStaleness: int | None = None,
-        mergeAdapters: bool | None = None, microBatches: int | None = None,
-        minWorkers: int | None = None, mixedPrecision: bool | None = None, model: Any = None,
-        modelKwargs: dict | None = None, nanPolicy: str | None = None,
-        numClasses: int | None = None, numWorkers: int | None = None, optimizer: str | None = None,
-        pipelineSchedule: str | None = None, pipelineSplitPoints: list[str] | None = None,
-        pipelineStages: int | None = None, powerSgdRank: int | None = None,
-        predictionCol: str | None = None, probabilityCol: str | None = None,
-        progress: bool | None = None, quantization: str | None = None,
-        rawPredictionCol: str | None = None, rendezvousTimeoutSeconds: float | None = None,
-        resume: str | None = None, runId: str | None = None, saveBase: bool | None = None,
-        seed: int | None = None, slotWaitSeconds: float | None = None, strategy: str | None = None,
+        gradientCompression: str | None = None, inferenceBatchSize: int | None = None,
+        inferenceCacheBytes: int | None = None, inferencePrecision: str | None = None,
+        initialWeights: str | None = None, inputCols: Any = None, inputShapes: Any = None,
+        keepCheckpoints: int | None = None, labelCol: str | None = None,
+        labelCols: list[str] | None = None, learningRate: float | None = None, loss: Any = None,
+        maxRetries: int | None = None, maxSequenceLength: int | None = None,
+        maxStaleness: int | None = None, mergeAdapters: bool | None = None,
+        microBatches: int | None = None, minWorkers: int | None = None,
+        mixedPrecision: bool | None = None, model: Any = None, modelKwargs: dict | None = None,
+        nanPolicy: str | None = None, numClasses: int | None = None, numWorkers: int | None = None,
+        optimizer: str | None = None, pipelineSchedule: str | None = None,
+        pipelineSplitPoints: list[str] | None = None, pipelineStages: int | None = None,
+        powerSgdRank: int | None = None, predictionCol: str | None = None,
+        probabilityCol: str | None = None, progress: bool | None = None,
+        quantization: str | None = None, rawPredictionCol: str | None = None,
+        rendezvousTimeoutSeconds: float | None = None, resume: str | None = None,
+        runId: str | None = None, saveBase: bool | None = None, seed: int | None = None,
+        slotWaitSeconds: float | None = None, strategy: str | None = None,
         syncEvery: int | None = None, syncWarmupSteps: int | None = None,
         timeoutSeconds: float | None = None, useGpu: Any = None, validationCol: str | None = None,
         validationFraction: float | None = None, validationIndicatorCol: str | None = None,

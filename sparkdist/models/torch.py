@@ -7,7 +7,7 @@ DistributedDataParallel, or Horovod), each streaming its partition from a local 
 Rank 0 sends every epoch's metrics to the driver while it trains (a progress bar; the history
 lands on the model) and returns the weights as bytes. :class:`TorchModel` ``.transform``
 adds ``prediction`` (and for classifiers ``probability``/``rawPrediction`` vectors, as MLlib
-classifiers do) through a pandas UDF, so Spark's evaluators and ``sparkdist.evaluation`` work
+classifiers do) through an Arrow UDF, so Spark's evaluators and ``sparkdist.evaluation`` work
 unchanged. A model saves its Params and history as JSON and its weights as a ``torch.save``d
 state dict, loaded with ``weights_only=True``; the network class is stored by qualified name.
 
@@ -64,11 +64,12 @@ from pyspark.sql import functions as F
 
 from sparkdist import hooks
 from sparkdist._params import user_frame_level
-from sparkdist.columns import check_one_of, require_columns
+from sparkdist.columns import check_one_of
 from sparkdist.exceptions import ModelLoadError, ParamError
 from sparkdist.launch.preflight import preflight
 from sparkdist.models import _torch_checks as checks
 from sparkdist.models import _torch_finetune as tuned
+from sparkdist.models import _torch_scoring
 from sparkdist.models._accessors_torch import (
     _TorchEstimatorAccessors,
     _TorchEstimatorInit,
@@ -98,7 +99,6 @@ from sparkdist.torchtrain.params import (
 from sparkdist.torchtrain.spec import (
     QUANTIZATIONS,
     InputField,
-    ScoreSpec,
     TrainSpec,
 )
 from sparkdist.torchtrain.strategies.params import TRAJECTORY as STRATEGY_TRAJECTORY
@@ -361,6 +361,8 @@ class TorchModel(Model, _TorchParams, PersistentModel, _TorchModelAccessors):
         self._info: dict[str, Any] = {}
         self._base = b""  # with adapters: the base's state dict, read once
         self._saved_in = ""  # the directory it was loaded from (a saved base is read there)
+        self._shipped: dict[Any, Any] = {}  # the weights hashed and broadcast for transform
+        self._loads: Any = None  # the accumulator of the latest transform's LoadRecords
 
     @classmethod
     def _fitted(cls, weights: dict[str, Any], info: dict[str, Any]) -> TorchModel:
@@ -464,41 +466,25 @@ class TorchModel(Model, _TorchParams, PersistentModel, _TorchModelAccessors):
         return str(value)
 
     def _transform(self, dataset: DataFrame) -> DataFrame:
-        """Scores on the executors. ``quantization='int8'``: each task quantizes the
-        network's Linear layers to int8 once (dynamic quantization, torchao) and scores on
-        the CPU, also where the task has a GPU; a network without Linear layers is refused
-        (ParamError) rather than scored in float32 under the int8 name."""
-        fields = self.inputFields()
-        if fields:
-            require_columns(dataset.schema, [f.column for f in fields], "TorchModel")
-            columns = [checks.input_column(dataset.schema, f) for f in fields]
-        else:
-            require_columns(dataset.schema, self.featureSource(), "TorchModel")
-            columns = [checks.scoring_features(dataset.schema, self.featureSource(),
-                                               self.inputDim)]
-        get = self.getOrDefault
-        separate = bool(self._info.get("adapter")) and not get("mergeAdapters")
-        if separate and get("quantization") == "int8":
-            raise ParamError("quantization='int8' with adapters scores the merged network: set "
-                             "mergeAdapters=True.")
-        weights = self._trained().state_dict() if self._info.get("adapter") else self._weights
-        module, kwargs = self._network_parts()
-        spec = ScoreSpec(module=module, module_kwargs=kwargs,
-                         weights=inference.weights_bytes(weights),
-                         adapters=tuned.adapters_of(self._info) if separate else None,
-                         input_dim=int(self._info["input_dim"]),
-                         output_dim=int(self._info["output_dim"]), loss=self._loss_kind(),
-                         batch_size=get("batchSize"), use_gpu=get("useGpu"),
-                         quantization=self._quantization(), inputs=fields,
-                         label_width=self.labelWidth)
-        predict = inference.predict_udf(spec, self.task)
-        scored = dataset.withColumn("__sparkdist_out", predict(*columns))
-        return self._output_columns(scored).drop("__sparkdist_out")
+        """Scores on the executors (:mod:`sparkdist.models._torch_scoring`). With
+        ``quantization='int8'`` each worker quantizes the network's Linear layers to int8
+        once (dynamic quantization, torchao) and scores on the CPU, also where the task has
+        a GPU; a network without Linear layers is refused (ParamError) rather than scored in
+        float32 under the int8 name."""
+        scored = _torch_scoring.scored(self, dataset)
+        return self._output_columns(scored).drop(_torch_scoring.OUTPUT)
+
+    @property
+    def scoringLoads(self) -> list[dict[str, Any]]:
+        """Each scoring task so far of the DataFrames from the latest ``transform`` (classic
+        Spark; [] under Connect): ``{"pid", "hit", "seconds", "cached_bytes"}``: whether its
+        Python worker had the network cached, and the seconds to a network ready to score."""
+        return [dict(load) for load in self._loads.value] if self._loads is not None else []
 
     def _output_columns(self, scored: DataFrame) -> DataFrame:
         from pyspark.ml.functions import array_to_vector
 
-        out = F.col("__sparkdist_out")
+        out = F.col(_torch_scoring.OUTPUT)
         scored = scored.withColumn(self.getOrDefault("predictionCol"), out["prediction"])
         if self.task == "classification":  # (with several labels: each one's probability)
             for param, field in (("rawPredictionCol", "raw"), ("probabilityCol", "probability")):

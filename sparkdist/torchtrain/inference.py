@@ -1,6 +1,11 @@
-"""Scoring with a trained network on the executors: one pandas UDF per TorchModel.transform,
-the network built and loaded once per task, each Arrow batch scored in ``batch_size`` slices.
-Classifiers return MLlib's columns (prediction, probability, rawPrediction).
+"""Scoring with a trained network on the executors: one Arrow UDF per TorchModel.transform.
+
+Each Python worker builds and loads a network once and keeps it (:mod:`modelcache`, keyed by
+the weights' SHA-256), so the UDF carries no weights: a worker that lacks the network reads
+them from a broadcast. Arrow batches become tensors without pandas (a features list array is
+read in place), a thread decodes the next batch while the network scores this one in
+``inferenceBatchSize`` slices (optionally under bf16/fp16 autocast), and the outputs go back
+as Arrow. Classifiers return MLlib's columns (prediction, probability, rawPrediction).
 
 ``quantization='int8'``: once per task, after loading the float32 weights, the network's
 ``nn.Linear`` layers get int8 weights (per output channel) and quantize their input per row at
@@ -17,12 +22,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-import pandas as pd
+import pyarrow as pa
 
-from sparkdist.exceptions import ParamError
+from sparkdist.exceptions import ModelLoadError, ParamError
 from sparkdist.launch import gpus
-from sparkdist.torchtrain import finetune
-from sparkdist.torchtrain.network import build_module
+from sparkdist.torchtrain import finetune, modelcache
+from sparkdist.torchtrain.network import build_module, qualified_name
 
 if TYPE_CHECKING:
     from sparkdist.torchtrain.spec import InputField, ScoreSpec
@@ -59,82 +64,175 @@ def output_schema(task: str, label_width: int) -> str:
     return (_ARRAY_OUTPUT_SCHEMA if label_width else _OUTPUT_SCHEMA)[task]
 
 
-def predict_udf(spec: ScoreSpec, task: str) -> Any:
-    """The scoring UDF: of one features column, or of the typed inputs' columns in
-    ``spec.inputs`` order."""
-    from pyspark.sql.functions import pandas_udf
+def predict_udf(spec: ScoreSpec, task: str, weights: Any, loads: Any = None) -> Any:
+    """The scoring UDF (an Arrow UDF: Arrow batches in and out, no pandas) of one features
+    column, or of the typed inputs' columns in ``spec.inputs`` order. ``weights`` is where a
+    worker without the network cached reads its state dict: a Broadcast of the bytes, or the
+    bytes; ``loads`` an accumulator of :class:`~sparkdist.torchtrain.modelcache.LoadRecord`
+    (None: not recorded). The UDF holds ``spec`` pickled, so that a worker that cannot
+    unpickle its network class fails with a ModelLoadError, not inside Spark's worker."""
+    from pyspark import cloudpickle  # the copy Spark pickles UDFs with (and users register)
+    from pyspark.sql.functions import arrow_udf
 
-    if spec.inputs:
-        def predict_typed(batches: Iterator[tuple[pd.Series, ...]]) -> Iterator[pd.DataFrame]:
-            yield from predict_batches(spec, batches)
+    payload = cloudpickle.dumps(spec)
+    if len(spec.inputs) > 1:
+        def predict_typed(batches: Iterator[tuple[pa.Array, ...]]) -> Iterator[pa.Array]:
+            yield from predict_batches(payload, batches, weights, loads)
 
-        return pandas_udf(predict_typed,  # type: ignore[call-overload]
-                          output_schema(task, spec.label_width))
+        return arrow_udf(predict_typed,  # type: ignore[call-overload]
+                         output_schema(task, spec.label_width))
 
-    def predict(batches: Iterator[pd.Series]) -> Iterator[pd.DataFrame]:
-        yield from predict_batches(spec, batches)
+    def predict(batches: Iterator[pa.Array]) -> Iterator[pa.Array]:  # one column
+        yield from predict_batches(payload, ((batch,) for batch in batches), weights, loads)
 
-    return pandas_udf(predict, output_schema(task, spec.label_width))  # type: ignore[call-overload]
+    return arrow_udf(predict, output_schema(task, spec.label_width))  # type: ignore[call-overload]
 
 
-def predict_batches(spec: ScoreSpec, batches: Any) -> Any:
-    """Executor side: load the network once per task (and quantize it, with
-    ``spec.quantization == 'int8'``), then score each Arrow batch."""
-    import io
+def predict_batches(payload: bytes, batches: Iterator[tuple[pa.Array, ...]], weights: Any,
+                    loads: Any = None) -> Iterator[pa.Array]:
+    """Executor side: the task's network (from this worker's cache, or built and loaded
+    once), then each Arrow batch scored while a thread decodes the next."""
+    import time
 
-    import numpy as np
+    start = time.perf_counter()
+    spec, module, device, hit = task_network(payload, weights)
+    if loads is not None:
+        loads.add([modelcache.record(hit, time.perf_counter() - start)])
+    for rows in prefetched(decoded(spec, batch) for batch in batches):
+        output = score(module, rows, spec.batch_size, spec.output_dim, device, spec.inputs,
+                       spec.precision)
+        yield _outputs(spec.loss, output.double(), spec.label_width)
+
+
+def task_network(payload: bytes, weights: Any) -> tuple[ScoreSpec, Any, Any, bool]:
+    """The spec, the network on its device in eval mode, the device, and whether the network
+    came from this worker's cache. ModelLoadError, with the cause, where this Python cannot
+    unpickle or build the network."""
+    import pickle
+
     import torch
 
-    module = build_module(spec.module, spec.module_kwargs, spec.input_dim, spec.output_dim)
-    if spec.adapters is not None:  # the adapters scored alongside their layers
-        finetune.add_adapters(module, spec.adapters)
-    module.load_state_dict(torch.load(io.BytesIO(spec.weights), weights_only=True))
+    try:
+        spec: ScoreSpec = pickle.loads(payload)
+    except Exception as err:
+        raise ModelLoadError(f"TorchModel scoring: this executor's Python cannot unpickle "
+                             f"the network's class ({type(err).__name__}: {err}); install "
+                             "the module that defines it on the executors (or define it in "
+                             "a module cloudpickle sends by value).") from err
     if spec.quantization == "int8":
         device = torch.device("cpu")
-        module = quantize_int8(module.eval())
     else:
         # The task's assigned GPU when there is one; a model trained with useGpu=True still
         # scores on a CPU-only cluster rather than failing there.
         device = gpus.apply(gpus.plan_for_task("auto" if spec.use_gpu else False))
-        module.to(device).eval()
-    for batch in batches:
-        if spec.inputs:
-            rows: Any = typed_rows(spec.inputs, (batch,) if isinstance(batch, pd.Series)
-                                   else batch)
-        else:
-            rows = np.stack(batch.to_numpy()).astype(np.float32) if len(batch) else \
-                np.zeros((0, spec.input_dim), np.float32)
-        output = score(module, rows, spec.batch_size, spec.output_dim, device, spec.inputs)
-        yield pd.DataFrame(_outputs(spec.loss, output.double(), spec.label_width))
+    key = f"{spec.weights_sha256}:{spec.network_key()}:{device}"
+    module, hit = modelcache.network(key, spec.weights_size, spec.cache_bytes,
+                                     lambda: _built(spec, weights, device))
+    return spec, module, device, hit
 
 
-def typed_rows(fields: tuple[InputField, ...], series: tuple[pd.Series, ...]) -> dict[str, Any]:
-    """A scoring batch's typed inputs as numpy arrays named as the feed names them (a sequence
-    cut to ``max_length``, padded to the batch's longest, with its mask); ValueError naming
-    the column for a null, a wrong length or a negative id."""
+def _built(spec: ScoreSpec, weights: Any, device: Any) -> Any:
+    import io
+
+    import torch
+
+    data = weights if isinstance(weights, bytes) else weights.value
+    try:
+        module = build_module(spec.module, spec.module_kwargs, spec.input_dim,
+                              spec.output_dim)
+        if spec.adapters is not None:  # the adapters scored alongside their layers
+            finetune.add_adapters(module, spec.adapters)
+        module.load_state_dict(torch.load(io.BytesIO(data), weights_only=True))
+    except Exception as err:
+        raise ModelLoadError(f"TorchModel scoring: this executor cannot build the network "
+                             f"{qualified_name(spec.module)} with its weights "
+                             f"({type(err).__name__}: {err}).") from err
+    if spec.quantization == "int8":
+        return quantize_int8(module.eval())
+    return module.to(device).eval()
+
+
+def prefetched(items: Iterator[Any], depth: int = 2) -> Iterator[Any]:
+    """``items``, produced by a thread up to ``depth`` ahead: the next Arrow batch is decoded
+    while the network scores this one (numpy and torch release the GIL). An error in the
+    thread is raised here; stopping early stops the thread."""
+    import queue
+    import threading
+
+    ready: queue.Queue[Any] = queue.Queue(depth)
+    stop = threading.Event()
+    end = object()
+
+    def put(item: Any) -> bool:
+        while not stop.is_set():
+            try:
+                ready.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for item in items:
+                if not put(item):
+                    return
+            put(end)
+        except BaseException as err:  # noqa: BLE001 (raised again in the consumer)
+            put(_Failed(err))
+
+    threading.Thread(target=produce, daemon=True, name="sparkdist-decode").start()
+    try:
+        while (item := ready.get()) is not end:
+            if isinstance(item, _Failed):
+                raise item.error
+            yield item
+    finally:
+        stop.set()
+
+
+class _Failed:
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+def decoded(spec: ScoreSpec, columns: tuple[pa.Array, ...]) -> Any:
+    """One Arrow batch as the network's input: a float32 ``[rows, input_dim]`` matrix read
+    from the features' list array without a copy, or the typed inputs (:func:`typed_rows`)."""
+    import numpy as np
+
+    if spec.inputs:
+        return typed_rows(spec.inputs, columns)
+    features = columns[0]
+    if not len(features):
+        return np.zeros((0, spec.input_dim), np.float32)
+    values = features.flatten().to_numpy(zero_copy_only=False)
+    return values.astype(np.float32, copy=False).reshape(len(features), spec.input_dim)
+
+
+def typed_rows(fields: tuple[InputField, ...], arrays: tuple[pa.Array, ...]) -> dict[str, Any]:
+    """A scoring batch's typed inputs (Arrow arrays) as numpy arrays named as the feed names
+    them (a sequence cut to ``max_length``, padded to the batch's longest, with its mask);
+    ValueError naming the column for a null, a wrong length or a negative id."""
     import numpy as np
 
     found: dict[str, Any] = {}
-    for field, values in zip(fields, series):
+    for field, values in zip(fields, arrays):
         dtype = np.int64 if field.dtype == "int64" else np.float32
-        ids = field.dtype == "int64" and (field.sequence or field.width)  # null ids: NaN
-        if values.isna().any() or (ids and any(pd.isna(v).any() for v in values)):
+        several = bool(field.sequence or field.width)
+        if values.null_count or (several and values.flatten().null_count):
             raise ValueError(f"TorchModel: {field.describe()} holds a null (or a null id "
                              f"inside an array); drop or fill it.")
-        if field.sequence or field.width:
-            arrays = [np.asarray(v, dtype=dtype)[:field.max_length or None] for v in values]
-            lengths = np.array([len(a) for a in arrays], np.int64)
+        if several:
+            matrix, lengths = _padded(values, dtype, field.max_length)
             if field.width and (lengths != field.width).any():
                 raise ValueError(f"TorchModel: {field.describe()} holds an array of "
                                  f"{lengths[lengths != field.width][0]} values, but the model "
                                  f"takes {field.width} (shape {list(field.shape)}).")
-            matrix = np.zeros((len(arrays), max(1, int(lengths.max(initial=0)))), dtype)
-            for row, array in enumerate(arrays):
-                matrix[row, :len(array)] = array
             if field.sequence:
                 found[f"{field.name}_mask"] = np.arange(matrix.shape[1]) < lengths[:, None]
         else:
-            matrix = values.to_numpy(dtype=dtype)
+            matrix = values.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
         if field.dtype == "int64" and matrix.size and matrix.min() < 0:
             raise ValueError(f"TorchModel: {field.describe()} holds the negative id "
                              f"{matrix.min()}; ids index an embedding table from 0.")
@@ -142,12 +240,34 @@ def typed_rows(fields: tuple[InputField, ...], series: tuple[pd.Series, ...]) ->
     return found
 
 
+def _padded(values: pa.Array, dtype: Any, max_length: int) -> tuple[Any, Any]:
+    """A list array as a ``[rows, longest]`` matrix of its first ``max_length`` (0: all)
+    values per row, zero-padded, and each row's length after the cut."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    lengths = pc.list_value_length(values).to_numpy(zero_copy_only=False).astype(np.int64)
+    if max_length:
+        lengths = np.minimum(lengths, max_length)
+    flat = values.flatten().to_numpy(zero_copy_only=False).astype(dtype, copy=False)
+    offsets = values.offsets.to_numpy()[:-1] - values.offsets[0].as_py()
+    width = max(1, int(lengths.max(initial=0)))
+    filled = np.arange(width) < lengths[:, None]
+    matrix = np.zeros((len(values), width), dtype)
+    matrix[filled] = flat[(offsets[:, None] + np.arange(width))[filled]]
+    return matrix, lengths
+
+
 def score(module: Any, rows: Any, batch_size: int, output_dim: int, device: Any = None,
-          fields: tuple[InputField, ...] = ()) -> Any:
+          fields: tuple[InputField, ...] = (), precision: str = "float32") -> Any:
     """The network's outputs for a float32 matrix (or the typed inputs' arrays by name,
-    :func:`typed_rows`), ``batch_size`` rows at a call, as a CPU tensor of one row per input
-    row (no rows are not passed to the network: torchao's int8 layers cannot take zero
-    rows)."""
+    :func:`typed_rows`), ``batch_size`` rows at a call, as a float32 CPU tensor of one row
+    per input row (no rows are not passed to the network: torchao's int8 layers cannot take
+    zero rows). ``precision`` 'bf16' or 'fp16': autocast on the network's device; on a GPU
+    the rows are copied from pinned memory."""
+    import contextlib
+    import warnings
+
     import numpy as np
     import torch
 
@@ -157,14 +277,29 @@ def score(module: Any, rows: Any, batch_size: int, output_dim: int, device: Any 
     count = rows_of(rows)
     if not count:
         return torch.zeros((0, output_dim))
+    device = torch.device(device or "cpu")
+    pinned = device.type == "cuda"
+
+    def tensor(values: Any) -> Any:
+        found = torch.from_numpy(np.ascontiguousarray(values))
+        return found.pin_memory().to(device, non_blocking=True) if pinned else found.to(device)
+
+    cast = (contextlib.nullcontext() if precision == "float32"
+            else torch.autocast(device.type, dtype=getattr(torch, _DTYPES[precision])))
     outputs = []
-    with torch.no_grad():
-        for part in np.array_split(np.arange(count), -(-count // batch_size)):
-            batch = ({name: torch.from_numpy(values[part]).to(device)
-                      for name, values in rows.items()} if fields
-                     else torch.from_numpy(rows[part]).to(device))
-            outputs.append(forward(module, arguments(batch, fields)).cpu())
+    # Arrow's buffers are read-only, and torch warns of that once per array; the network
+    # only reads its inputs.
+    with torch.no_grad(), cast, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "The given NumPy array is not writable")
+        for first in range(0, count, batch_size):
+            part = slice(first, first + batch_size)
+            batch = ({name: tensor(values[part]) for name, values in rows.items()} if fields
+                     else tensor(rows[part]))
+            outputs.append(forward(module, arguments(batch, fields)).float().cpu())
     return torch.cat(outputs).reshape(count, -1)
+
+
+_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 
 
 # ----------------------------------------------------------------------- int8 quantization
@@ -256,23 +391,37 @@ def state_bytes(module: Any) -> int:
     return len(buffer.getvalue())
 
 
-def _outputs(loss: str, output: Any, label_width: int = 0) -> dict[str, Any]:
+def _outputs(loss: str, output: Any, label_width: int = 0) -> pa.StructArray:
+    """The scoring struct of a batch's float64 outputs (see :func:`output_schema`)."""
     import torch
 
     if label_width:  # several values per row: arrays
         output = output.reshape(len(output), -1)
         if loss != "bce":
-            return {"prediction": list(output.numpy())}
-        return {"prediction": list((output > 0).double().numpy()),
-                "probability": list(torch.sigmoid(output).numpy()), "raw": list(output.numpy())}
+            return _struct(prediction=_lists(output))
+        return _struct(prediction=_lists((output > 0).double()),
+                       probability=_lists(torch.sigmoid(output)), raw=_lists(output))
     if loss == "bce":
         logit = output[:, 0]
         probability = torch.sigmoid(logit)
-        return {"prediction": (logit > 0).double().numpy(),
-                "probability": list(torch.stack([1 - probability, probability], 1).numpy()),
-                "raw": list(torch.stack([-logit, logit], 1).numpy())}
+        return _struct(prediction=(logit > 0).double().numpy(),
+                       probability=_lists(torch.stack([1 - probability, probability], 1)),
+                       raw=_lists(torch.stack([-logit, logit], 1)))
     if loss == "cross_entropy":
-        return {"prediction": output.argmax(1).double().numpy(),
-                "probability": list(torch.softmax(output, 1).numpy()),
-                "raw": list(output.numpy())}
-    return {"prediction": output[:, 0].numpy()}
+        return _struct(prediction=output.argmax(1).double().numpy(),
+                       probability=_lists(torch.softmax(output, 1)), raw=_lists(output))
+    return _struct(prediction=output[:, 0].numpy())
+
+
+def _struct(**columns: Any) -> pa.StructArray:
+    return pa.StructArray.from_arrays([pa.array(c) if not isinstance(c, pa.Array) else c
+                                       for c in columns.values()], names=list(columns))
+
+
+def _lists(matrix: Any) -> pa.ListArray:
+    """A ``[rows, k]`` tensor as a list<double> array, without a Python object per row."""
+    import numpy as np
+
+    rows, width = matrix.shape
+    offsets = pa.array(np.arange(0, rows * width + 1, width, dtype=np.int32))
+    return pa.ListArray.from_arrays(offsets, pa.array(matrix.numpy().reshape(-1)))

@@ -49,7 +49,8 @@ TRAJECTORY: dict[str, bool] = {
     **dict.fromkeys(("labelCols", "weightCol"), False),
     **dict.fromkeys(("useGpu", "quantization", "timeoutSeconds", "rendezvousTimeoutSeconds",
                      "progress", "allowUnencrypted", "checkpointEverySteps", "mergeAdapters",
-                     "saveBase"),
+                     "saveBase", "inferenceBatchSize", "inferencePrecision",
+                     "inferenceCacheBytes"),
                    False)}
 
 
@@ -170,15 +171,26 @@ class HasInputs(Params):
 
 
 class HasScoring(Params):
-    """batchSize, useGpu and quantization: rows per batch and the device, in training and
-    scoring alike, and the scoring precision; mergeAdapters and saveBase: how a model with
+    """batchSize: rows per training step; useGpu: the device, in training and scoring;
+    quantization, inferenceBatchSize, inferencePrecision and inferenceCacheBytes: how scoring
+    runs; mergeAdapters and saveBase: how a model with
     adapters scores and what its saved directory holds (TorchEstimator and TorchModel)."""
 
     batchSize: Param[int] = Param(
         Params._dummy(), "batchSize",
         "rows per worker in a training step (as in DDP and Horovod: a step takes batchSize x "
-        "numWorkers rows in all), and rows per scoring batch, >= 1",
-        typeConverter=TypeConverters.toInt)
+        "numWorkers rows in all), >= 1", typeConverter=TypeConverters.toInt)
+    inferenceBatchSize: Param[int] = Param(
+        Params._dummy(), "inferenceBatchSize",
+        "scoring: rows per call of the network, >= 1", typeConverter=TypeConverters.toInt)
+    inferencePrecision: Param[str] = Param(
+        Params._dummy(), "inferencePrecision",
+        "scoring: 'float32', or 'bf16'/'fp16' (autocast on the task's device, GPU or CPU)",
+        typeConverter=TypeConverters.toString)
+    inferenceCacheBytes: Param[int] = Param(
+        Params._dummy(), "inferenceCacheBytes",
+        "scoring: bytes of weights each Python worker keeps built for later tasks and jobs "
+        "(least recently used evicted), >= 0; 0 keeps none", typeConverter=TypeConverters.toInt)
     useGpu: Param[Any] = Param(
         Params._dummy(), "useGpu",
         "'auto' (the GPU Spark assigned to the task, when there is one), True or False",
@@ -200,7 +212,8 @@ class HasScoring(Params):
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self._setDefault(batchSize=256, useGpu="auto", quantization="none",
-                         mergeAdapters=False, saveBase=False)
+                         inferenceBatchSize=1024, inferencePrecision="float32",
+                         inferenceCacheBytes=2 << 30, mergeAdapters=False, saveBase=False)
 
 
 class HasOptimization(HasSeed):

@@ -27,6 +27,7 @@ USE_GPU = ("auto", True, False)
 NAN_POLICIES = ("error", "drop")
 PIPELINE_SCHEDULES = ("gpipe", "1f1b")
 QUANTIZATIONS = ("none", "int8")
+PRECISIONS = ("float32", "bf16", "fp16")
 ADAPTERS = ("none", "lora")
 
 
@@ -267,22 +268,44 @@ class TrainSpec:
 
 @dataclass(frozen=True)
 class ScoreSpec:
-    """What TorchModel.transform's scoring tasks need."""
+    """What TorchModel.transform's scoring tasks need, less the weights: those travel beside
+    it (a broadcast, or the bytes where there is no SparkContext), and are read only by a
+    Python worker whose cache lacks ``weights_sha256``."""
 
     module: Any
     module_kwargs: dict[str, Any]
-    weights: bytes
+    weights_sha256: str
+    weights_size: int  # bytes of the serialised state dict: what the cache's bound counts
     input_dim: int
     output_dim: int
     loss: str
     batch_size: int
     use_gpu: Any
     quantization: str = "none"
+    precision: str = "float32"
+    cache_bytes: int = 0  # the bound of each Python worker's network cache
     inputs: tuple[InputField, ...] = ()  # typed inputs, in the UDF's argument order
     label_width: int = 0  # outputs per row scored as an array (an array label, labelCols)
-    adapters: FineTuneSpec | None = None  # LoRA to add before loading ``weights`` (unmerged)
+    adapters: FineTuneSpec | None = None  # LoRA to add before loading the weights (unmerged)
 
     def __post_init__(self) -> None:
-        _at_least(1, batchSize=self.batch_size)
+        _at_least(1, inferenceBatchSize=self.batch_size)
+        _at_least(0, inferenceCacheBytes=self.cache_bytes)
         check_one_of("useGpu", self.use_gpu, USE_GPU)
         check_one_of("quantization", self.quantization, QUANTIZATIONS)
+        check_one_of("inferencePrecision", self.precision, PRECISIONS)
+        if self.quantization == "int8" and self.precision != "float32":
+            raise ParamError(f"quantization='int8' scores with int8 Linear layers on the CPU; "
+                             f"inferencePrecision={self.precision!r} does not apply to it: "
+                             "set inferencePrecision='float32' (or quantization='none').")
+
+    def network_key(self) -> str:
+        """What makes a built network differ, besides its weights: its class, keywords,
+        sizes, adapters and quantization (hashed; for the workers' cache)."""
+        import hashlib
+
+        from pyspark import cloudpickle  # the copy Spark pickles UDFs with
+
+        parts = (self.module, self.module_kwargs, self.input_dim, self.output_dim,
+                 self.adapters, self.quantization)
+        return hashlib.sha256(cloudpickle.dumps(parts)).hexdigest()

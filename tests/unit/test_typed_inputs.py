@@ -99,23 +99,24 @@ def test_nan_in_a_float_input_is_a_bad_row_that_nan_policy_drop_drops(tmp_path):
 
 
 def test_scoring_pads_sequences_and_refuses_nulls_lengths_and_negative_ids_by_column():
-    import pandas as pd
+    import pyarrow as pa
 
     from sparkdist.torchtrain.inference import typed_rows
 
-    rows = typed_rows(FIELDS, (pd.Series([1, 2]), pd.Series([[0.5] * 4, [1.0] * 4]),
-                               pd.Series([[4, 5, 6, 7], [8]])))
+    # Arrow batches as the scoring UDF gets them; the sequence a slice (offsets not from 0).
+    rows = typed_rows(FIELDS, (pa.array([1, 2]), pa.array([[0.5] * 4, [1.0] * 4]),
+                               pa.array([[9], [4, 5, 6, 7], [8]]).slice(1)))
     assert rows["in_tokens"].tolist() == [[4, 5, 6], [8, 0, 0]]  # cut to 3, padded
     assert rows["in_tokens_mask"].tolist() == [[True] * 3, [True, False, False]]
     assert rows["in_image"].shape == (2, 4) and rows["in_user"].dtype == np.int64
-    for series, message in [
-            ((pd.Series([1, None]),), r"inputCols\['user'\].*null"),
-            ((pd.Series([1]), pd.Series([[0.5] * 3])), r"inputCols\['image'\].*3 values"),
-            ((pd.Series([-1]),), r"inputCols\['user'\].*negative id -1"),
-            ((pd.Series([1]), pd.Series([[0.5] * 4]), pd.Series([np.array([1.0, np.nan])])),
+    for arrays, message in [
+            ((pa.array([1, None]),), r"inputCols\['user'\].*null"),
+            ((pa.array([1]), pa.array([[0.5] * 3])), r"inputCols\['image'\].*3 values"),
+            ((pa.array([-1]),), r"inputCols\['user'\].*negative id -1"),
+            ((pa.array([1]), pa.array([[0.5] * 4]), pa.array([[1, None]])),
              r"inputCols\['tokens'\].*null")]:
         with pytest.raises(ValueError, match=message):
-            typed_rows(FIELDS[:len(series)], series)
+            typed_rows(FIELDS[:len(arrays)], arrays)
 
 
 def test_input_params_that_are_not_a_dict_of_names_are_refused_naming_the_param():
