@@ -125,6 +125,8 @@ def test_transform_scores_as_the_network_does_on_the_driver(rows, params):
 
 def test_bf16_scores_close_to_float32_and_refuses_int8(rows):
     model = _fitted(8)
+    assert (model.getInferenceBatchSize(), model.getInferencePrecision(),
+            model.getInferenceCacheBytes()) == (1024, "float32", 2 << 30)  # as the docs say
     bf16 = _probabilities(model.copy({model.inferencePrecision: "bf16"}), rows)
     np.testing.assert_allclose(bf16, _expected(model, rows), atol=2e-2)
     with pytest.raises(ParamError, match="int8.*inferencePrecision='bf16'"):
