@@ -11,7 +11,7 @@ builds the network once. Each task's load is recorded in an accumulator (classic
 from __future__ import annotations
 
 import hashlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pyspark.sql import DataFrame
 
@@ -23,14 +23,11 @@ from sparkdist.session import is_connect
 from sparkdist.torchtrain import inference, modelcache
 from sparkdist.torchtrain.spec import ScoreSpec
 
-if TYPE_CHECKING:
-    from sparkdist.models.torch import TorchModel
-
 OUTPUT = "__sparkdist_out"
 
 
-def scored(model: TorchModel, dataset: DataFrame) -> DataFrame:
-    """``dataset`` with the scoring struct in :data:`OUTPUT`."""
+def scored(model: Any, dataset: DataFrame) -> DataFrame:
+    """``dataset`` with the scoring struct in :data:`OUTPUT`; ``model``: a TorchModel."""
     columns = _input_columns(model, dataset)
     get = model.getOrDefault
     separate = bool(model._info.get("adapter")) and not get("mergeAdapters")
@@ -57,7 +54,7 @@ def scored(model: TorchModel, dataset: DataFrame) -> DataFrame:
     return dataset.withColumn(OUTPUT, predict(*columns))
 
 
-def _input_columns(model: TorchModel, dataset: DataFrame) -> list[Any]:
+def _input_columns(model: Any, dataset: DataFrame) -> list[Any]:
     """The UDF's argument columns: each typed input, or the features as array<float>;
     checked against the schema (SchemaError naming the column)."""
     fields = model.inputFields()
@@ -68,15 +65,13 @@ def _input_columns(model: TorchModel, dataset: DataFrame) -> list[Any]:
     return [checks.scoring_features(dataset.schema, model.featureSource(), model.inputDim)]
 
 
-def _shipped(model: TorchModel, dataset: DataFrame, separate: bool) -> tuple[str, int, Any]:
+def _shipped(model: Any, dataset: DataFrame, separate: bool) -> tuple[str, int, Any]:
     """The weights' SHA-256, size and source (a Broadcast, or the bytes under Connect),
     made once per model, adapter mode and SparkContext and then reused."""
-    from pyspark import SparkContext
-
     sc = None if is_connect(dataset.sparkSession) else dataset.sparkSession.sparkContext
     key = (id(model._weights), separate)
     memo = model._shipped.get(key)
-    if memo is None or memo["sc"] is not sc or SparkContext._active_spark_context is not sc:
+    if memo is None or memo["sc"] is not sc:  # (a new SparkContext is a new object)
         # With adapters: the base with them added (or merged into it), not theirs alone.
         data = inference.weights_bytes(model._trained().state_dict()
                                        if model._info.get("adapter") else model._weights)
