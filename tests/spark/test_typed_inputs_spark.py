@@ -131,6 +131,16 @@ def test_a_transformer_trains_on_variable_length_sequences_with_a_mask(sequences
     (field,) = model.inputFields()
     assert (field.sequence, field.mask, field.num_embeddings) == (True, True, 20)
     assert _accuracy(model, test) >= 0.9
+    # transform's Arrow path scores as the network does on the driver
+    import pyarrow as pa
+
+    from sparkdist.torchtrain import inference
+
+    got = model.transform(test.limit(64)).select("words", "rawPrediction").collect()
+    inputs = inference.typed_rows(model.inputFields(), (pa.array([r.words for r in got]),))
+    expected = inference.score(model.module(), inputs, 1024, 2, fields=model.inputFields())
+    np.testing.assert_allclose([r.rawPrediction.toArray() for r in got], expected.numpy(),
+                               atol=1e-5)
     model.write().save(str(tmp_path / "seq"))
     assert _accuracy(TorchModel.load(str(tmp_path / "seq")), test) == _accuracy(model, test)
 
