@@ -20,6 +20,8 @@ inside the function that needs it, as they import pyspark.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import cache
 from typing import Any
 
@@ -41,7 +43,7 @@ __all__ = [
     "RandomForestRegressorParams", "gateway", "hadoop_conf", "java_dataframe", "java_object",
     "java_spark_context", "jvm", "jvm_started", "params_metadata", "push_params_to_java",
     "spark_home", "start_gateway", "wrap_java_model", "xgboost_counting_classes",
-    "xgboost_validate_params",
+    "xgboost_session_in_a_task", "xgboost_validate_params",
 ]
 
 
@@ -148,6 +150,28 @@ def _counting(cls: Any) -> type:
 
     return type(cls.__name__, (cls,), {"__module__": cls.__module__,
                                        "_get_distributed_train_params": train_params})
+
+
+@contextmanager
+def xgboost_session_in_a_task() -> Iterator[None]:
+    """For the block, xgboost.spark's ``_get_spark_session`` (its model's ``transform`` asks it
+    for the session: is it local, for GPUs) returns the active session also inside a Spark
+    task, where it refuses ("should not be invoked from executor side"): MLflow's
+    ``spark_udf`` scores a Spark model there, on a local session it starts in the Python
+    worker. Outside a task it changes nothing."""
+    from pyspark import TaskContext
+    from pyspark.sql import SparkSession
+    from xgboost.spark import core
+
+    if TaskContext.get() is None:
+        yield
+        return
+    refusing = core._get_spark_session
+    core._get_spark_session = SparkSession.builder.getOrCreate
+    try:
+        yield
+    finally:
+        core._get_spark_session = refusing
 
 
 class _CountedLabel:

@@ -21,6 +21,10 @@ _LOG = logging.getLogger(__name__)
 
 #: The models whose inputs and signature tracking reads as TorchModel's (KerasModel extends it).
 _TORCH_MODELS = ("TorchModel", "KerasModel")
+#: The models that read one features vector (``featuresCol``), as MLlib's models do.
+_VECTOR_MODELS = ("LogisticRegressionModel", "RandomForestClassificationModel",
+                  "RandomForestRegressionModel", "XGBoostClassificationModel",
+                  "XGBoostRegressionModel")
 
 
 def _mlflow() -> Any:
@@ -80,8 +84,12 @@ def log_workflow(config: Mapping[str, Any], split: Mapping[str, Any],
 
 def log_model_run(name: str, params: Mapping[str, Any], metrics: Mapping[str, float],
                   model: Any, features: list[str], figures: Mapping[str, Any],
-                  split: Mapping[str, Any]) -> str:
-    """A nested run for one fitted model: params, metrics, features, plots, the model."""
+                  split: Mapping[str, Any], rows: Any = None) -> str:
+    """A nested run for one fitted model: params, metrics, features, plots, the model.
+
+    The model is logged with its signature (:func:`_signature`) and, given ``rows`` (a few
+    rows of its input data as a pandas DataFrame, any columns), their first 5 in its input
+    columns as its input example."""
     import pyspark
 
     mlflow = _mlflow()
@@ -95,7 +103,9 @@ def log_model_run(name: str, params: Mapping[str, Any], metrics: Mapping[str, fl
         for figure_name, figure in figures.items():
             mlflow.log_figure(figure, f"plots/{figure_name}.png")
         # Explicit requirements: inferring them re-loads the model in a subprocess (slow).
-        mlflow.spark.log_model(model, "model", signature=_signature(model),
+        signature = _signature(model, rows)
+        mlflow.spark.log_model(model, "model", signature=signature,
+                               input_example=_input_example(signature, rows),
                                pip_requirements=[f"pyspark=={pyspark.__version__}", "sparkdist"])
         _log_torch_module(mlflow, model)
         _log_keras_model(mlflow, model)
@@ -117,41 +127,44 @@ def _log_training_summary(mlflow: Any, model: Any) -> None:
         mlflow.log_param("placement", json.dumps(summary["placement"])[:6000])
 
 
-def _signature(model: Any) -> Any:
-    """The Spark model's MLflow signature where its final stage is a TorchModel (else None):
-    one input per column the model reads, typed as ``TorchModel.transform`` takes it, and its
-    prediction as output.
+def _signature(model: Any, rows: Any = None) -> Any:
+    """The Spark model's MLflow signature: one input per column the model reads, typed as its
+    stages take it, and its prediction as output; None where a stage's columns are not known
+    here (MLflow's pyfunc drops every column a signature does not list).
 
-    Inputs: a typed input's column (``inputCols``) is ``long`` for int64 ids, ``double`` for
-    float32 values (transform casts them to float), ``Array(long)`` for a fixed shape of ids or
-    a variable-length sequence (transform cuts and pads it), ``Array(double)`` for a fixed
-    shape of floats (flat: transform reshapes it to ``inputShapes``); in the features layout
-    ``featuresCol`` is a ``SparkMLVector`` (the pyfunc flavour turns an array into the vector)
-    and each of ``featureCols`` is ``double``. Where a FeatureAssemblerModel earlier in the
-    pipeline builds the vector, the model reads that stage's columns instead: ``numericCols``
-    ``double``, ``categoricalCols`` ``string``, ``vectorCols`` ``SparkMLVector``. A pipeline
-    with any other stage before the TorchModel gets no signature: its inputs are not known
-    here, and MLflow's pyfunc drops every column a signature does not list. (The Spark types
-    a model was fitted on are not saved: ``double`` stands for any non-integer number, and
-    MLflow's pyfunc refuses int64 values for it, "Can not safely convert int64 to float64".)
-    Outputs: ``predictionCol``, ``double`` (``Array(double)`` for a model of several labels per
-    row), alone, also for a classifier: the pyfunc flavour
-    returns that one column, and MLflow 3.17's Spark pyfunc converts every ``SparkMLVector``
-    output of the signature in a frame that holds only it (listing ``probability`` fails
-    every ``predict`` with UNRESOLVED_COLUMN)."""
+    Inputs, by stage: a FeatureAssemblerModel reads ``numericCols`` as ``double``,
+    ``categoricalCols`` as ``string`` and ``vectorCols`` as ``SparkMLVector`` (the pyfunc
+    flavour turns an array into the vector); logistic regression, a random forest and XGBoost
+    read ``featuresCol``, a ``SparkMLVector``; ALS reads ``userCol`` and ``itemCol``, ``string``
+    or ``long`` as the ids it was fitted on. A TorchModel (or KerasModel) reads each typed input
+    (``inputCols``) as ``long`` for int64 ids, ``double`` for float32 values (transform casts
+    them to float), ``Array(long)`` for a fixed shape of ids or a variable-length sequence
+    (transform cuts and pads it), ``Array(double)`` for a fixed shape of floats (flat:
+    transform reshapes it to ``inputShapes``); else ``featuresCol``, a ``SparkMLVector``, or
+    each of ``featureCols`` as ``double``. A column an earlier stage writes is no input.
+
+    ``double`` stands for any number: MLflow's pyfunc takes ints of up to 32 bits and floats
+    for it but refuses int64 values ("Can not safely convert int64 to float64"), and the Spark
+    types a model was fitted on are not saved. So where ``rows`` (a pandas DataFrame of the
+    model's input data) holds int64 values in such a column, it is typed ``long`` instead.
+
+    Outputs: ``predictionCol``, ``double`` (``Array(double)`` for a TorchModel of several labels
+    per row), alone, also for a classifier: the pyfunc flavour returns that one column, and
+    MLflow 3.17's Spark pyfunc converts every ``SparkMLVector`` output of the signature in a
+    frame that holds only it (listing ``probability`` fails every ``predict`` with
+    UNRESOLVED_COLUMN)."""
     from mlflow.models import ModelSignature
     from mlflow.types import ColSpec, DataType, Schema
     from mlflow.types.schema import Array
 
     from sparkdist.evaluation import final_stage
 
-    final = final_stage(model)
-    if type(final).__name__ not in _TORCH_MODELS:
-        return None
-    inputs = _pipeline_inputs(_stages(model))
+    inputs = _pipeline_inputs(_stages(model), rows)
     if inputs is None:
         return None
-    prediction = Array(DataType.double) if final.labelWidth else DataType.double
+    final = final_stage(model)
+    several = type(final).__name__ in _TORCH_MODELS and final.labelWidth
+    prediction = Array(DataType.double) if several else DataType.double
     outputs = Schema([ColSpec(prediction, final.getOrDefault("predictionCol"))])
     return ModelSignature(inputs=Schema(inputs), outputs=outputs)
 
@@ -165,33 +178,66 @@ def _stages(model: Any) -> list[Any]:
     return [model]
 
 
-def _pipeline_inputs(stages: list[Any]) -> list[Any] | None:
+def _pipeline_inputs(stages: list[Any], rows: Any = None) -> list[Any] | None:
     """ColSpecs of the columns the stages read that no earlier stage writes, in reading
     order, each column once; None where a stage's columns are not known here."""
+    import numpy as np
     from mlflow.types import ColSpec, DataType
-    from mlflow.types.schema import SparkMLVector
-
-    from sparkdist.features.assembly import FeatureAssemblerModel
 
     found: dict[str, Any] = {}
     written: set[str] = set()
     for stage in stages:
-        if isinstance(stage, FeatureAssemblerModel):
-            kinds: dict[str, Any] = {"numericCols": DataType.double,
-                                     "categoricalCols": DataType.string,
-                                     "vectorCols": SparkMLVector()}
-            reads = [(name, kind) for param, kind in kinds.items()
-                     for name in stage.getOrDefault(param)]
-            writes = stage.getOrDefault("outputCol")
-        elif type(stage).__name__ in _TORCH_MODELS:
-            reads, writes = _torch_inputs(stage), stage.getOrDefault("predictionCol")
-        else:
+        columns = _stage_columns(stage)
+        if columns is None:
             return None
+        reads, writes = columns
         for name, kind in reads:
-            if name not in written and name not in found:
-                found[name] = ColSpec(kind, name)
+            if name in written or name in found:
+                continue
+            if (kind == DataType.double and rows is not None and name in rows
+                    and rows[name].dtype == np.int64):
+                kind = DataType.long
+            found[name] = ColSpec(kind, name)
         written.add(writes)
     return list(found.values())
+
+
+def _stage_columns(stage: Any) -> tuple[list[tuple[str, Any]], str] | None:
+    """(column, MLflow type) for each column ``stage`` reads, and the column it writes; None
+    for a stage whose columns are not known here. See :func:`_signature`."""
+    from mlflow.types import DataType
+    from mlflow.types.schema import SparkMLVector
+
+    from sparkdist.features.assembly import FeatureAssemblerModel
+    from sparkdist.models.als import ALSModel
+
+    if isinstance(stage, FeatureAssemblerModel):
+        kinds: dict[str, Any] = {"numericCols": DataType.double,
+                                 "categoricalCols": DataType.string,
+                                 "vectorCols": SparkMLVector()}
+        return ([(name, kind) for param, kind in kinds.items()
+                 for name in stage.getOrDefault(param)], stage.getOrDefault("outputCol"))
+    if type(stage).__name__ in _TORCH_MODELS:
+        reads = _torch_inputs(stage)
+    elif isinstance(stage, ALSModel):
+        reads = [_id_input(stage.userFactors, stage.getUserCol()),
+                 _id_input(stage.itemFactors, stage.getItemCol())]
+    elif type(stage).__name__ in _VECTOR_MODELS:
+        reads = [(stage.getOrDefault("featuresCol"), SparkMLVector())]
+    else:
+        return None
+    return reads, stage.getOrDefault("predictionCol")
+
+
+def _id_input(factors: Any, name: str) -> tuple[str, Any]:
+    """An ALS id column, typed as the ids the model was fitted on (its factors' column)."""
+    from mlflow.types import DataType
+    from pyspark.sql.types import IntegralType, StringType
+
+    kind = factors.schema[name].dataType
+    if isinstance(kind, StringType):
+        return name, DataType.string
+    return name, DataType.long if isinstance(kind, IntegralType) else DataType.double
 
 
 def _torch_inputs(final: Any) -> list[tuple[str, Any]]:
@@ -210,6 +256,32 @@ def _torch_inputs(final: Any) -> list[tuple[str, Any]]:
         kind = DataType.long if field.dtype == "int64" else DataType.double
         found.append((field.column, Array(kind) if field.sequence or field.shape else kind))
     return found
+
+
+def _input_example(signature: Any, rows: Any) -> Any:
+    """The first 5 of ``rows`` in the signature's input columns, ``double`` ones as floats and
+    vectors and arrays as lists (what the pyfunc flavour takes); None without rows or where
+    they lack an input column."""
+    from mlflow.types import DataType
+
+    if signature is None or rows is None:
+        return None
+    names = signature.inputs.input_names()
+    if not set(names) <= set(rows.columns):
+        return None
+    example = rows[names].head(5).copy()
+    for spec in signature.inputs.inputs:
+        if spec.type == DataType.double:
+            example[spec.name] = example[spec.name].astype("float64")
+        elif not isinstance(spec.type, DataType):  # a SparkMLVector or an Array
+            example[spec.name] = example[spec.name].map(_as_list)
+    return example
+
+
+def _as_list(value: Any) -> Any:
+    """An ML vector or an array cell (a numpy array from Arrow) as a list."""
+    value = value.toArray() if hasattr(value, "toArray") else value
+    return value.tolist() if hasattr(value, "tolist") else value
 
 
 def _log_torch_module(mlflow: Any, model: Any) -> None:

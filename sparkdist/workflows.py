@@ -109,7 +109,7 @@ def run(config: WorkflowConfig, spark: SparkSession | None = None,
             result.models.append(_fit_one(name, params, estimator, config, train, test))
             progress(f"[{i}/{len(estimators)}] {name}: {_brief(result.models[-1])}")
         if config.tracking.enabled:
-            _track(result, test, progress)
+            _track(result, train, test, progress)
     finally:
         train.unpersist()
         test.unpersist()
@@ -215,11 +215,13 @@ def _fit_one(name: str, params: dict[str, Any], estimator: Pipeline, config: Wor
                        fit_seconds=seconds)
 
 
-def _track(result: WorkflowResult, test: DataFrame, progress: Progress) -> None:
+def _track(result: WorkflowResult, train: DataFrame, test: DataFrame,
+           progress: Progress) -> None:
     from sparkdist import tracking
 
     config = result.config
     table = {r.name: r.metrics for r in result.models}
+    rows = train.limit(5).toPandas()  # each model's input example: one job for all
     with tracking.workflow_run(config.tracking.experiment, config.name,
                                uri=config.tracking.uri) as run_id:
         tracking.log_workflow(config.model_dump(), result.split, table)
@@ -228,7 +230,7 @@ def _track(result: WorkflowResult, test: DataFrame, progress: Progress) -> None:
             r.run_id = tracking.log_model_run(
                 r.name, {"type": _type_of(config, r.name), **r.params}, r.metrics, r.model,
                 _feature_names(r.model), figures(r.model, test, config.evaluation.get("k", 10)),
-                result.split)
+                result.split, rows)
     result.run_id = run_id
     progress(f"MLflow run {run_id} at {tracking.tracking_uri(config.tracking.uri)}")
 

@@ -416,7 +416,8 @@ class _XGBoostModel(Model, PersistentModel):
                         _CONNECT_FIX)
         require_columns(dataset.schema, [self.getOrDefault("featuresCol")], "featuresCol")
         _check_features_type(dataset.schema, self.getOrDefault("featuresCol"))
-        return self.xgboost_model.transform(dataset)
+        with _internals.xgboost_session_in_a_task():  # MLflow's spark_udf transforms inside a task
+            return self.xgboost_model.transform(dataset)
 
     # persistence: sparkdist.persist writes and reads (strictly, without pickle)
     def _save_artifacts(self, path: str) -> None:

@@ -84,6 +84,14 @@ def test_mlflow_round_trip(churn_run, spark):
     artifacts = {a.path for a in mlflow.MlflowClient().list_artifacts(lr_run.info.run_id, "plots")}
     assert {"plots/roc_curve.png", "plots/precision_recall_curve.png",
             "plots/confusion_matrix.png", "plots/feature_importances.png"} <= artifacts
+    # the workflow logs 5 training rows as the input example, in the signature's columns
+    model_uri = f"runs:/{lr_run.info.run_id}/model"
+    example = mlflow.artifacts.load_dict(f"{model_uri}/input_example.json")
+    signature = mlflow.models.get_model_info(model_uri).signature
+    assert example["columns"] == signature.inputs.input_names() == [
+        "month_interaction_count", "week_interaction_count", "day_interaction_count", "plan",
+        "region"]
+    assert len(example["data"]) == 5
     logged = tracking.load_model(lr_run.info.run_id, uri=uri)
     saved = load_model(str(tmp / "models" / "LogisticRegression"))
     data = spark.read.parquet(str(ROOT / "data" / "churn_sample.parquet")).limit(200)

@@ -50,3 +50,23 @@ def test_xgboost_private_api(spark):
     assert (params["objective"], params["num_class"]) == ("multi:softprob", 3)
     two = _internals.xgboost_counting_classes(classifier, 2)._get_distributed_train_params(None)
     assert two["objective"] == "binary:logistic" and "num_class" not in two
+
+
+def test_xgboost_session_in_a_task(spark):
+    """Outside a task the block changes nothing; in one (a Python worker's TaskContext, set
+    here by hand) xgboost.spark's refusing ``_get_spark_session`` answers the active session."""
+    core = pytest.importorskip("xgboost.spark.core")
+    from pyspark import TaskContext
+
+    refusing = core._get_spark_session
+    with _internals.xgboost_session_in_a_task():
+        assert core._get_spark_session is refusing
+    TaskContext._setTaskContext(TaskContext())
+    try:
+        with pytest.raises(RuntimeError, match="executor side"):
+            refusing()
+        with _internals.xgboost_session_in_a_task():
+            assert core._get_spark_session() is spark
+        assert core._get_spark_session is refusing
+    finally:
+        TaskContext._setTaskContext(None)

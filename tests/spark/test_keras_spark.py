@@ -261,11 +261,13 @@ def test_mlflow_logs_the_spark_model_signed_and_the_keras_model(binary, data, tm
     from sparkdist import tracking
 
     uri = f"sqlite:///{tmp_path}/mlruns.db"
+    rows = data.limit(20).toPandas()
     with tracking.workflow_run("keras", "workflow", uri=uri):
-        run_id = tracking.log_model_run("model", {}, {}, binary, [], {}, {})
+        run_id = tracking.log_model_run("model", {}, {}, binary, [], {}, {}, rows=rows)
     info = mlflow.models.get_model_info(f"runs:/{run_id}/model")
     assert [spec["name"] for spec in info.signature.inputs.to_dict()] == ["x1", "x2", "x3"]
-    rows = data.limit(20).toPandas()
+    scored = mlflow.pyfunc.load_model(f"runs:/{run_id}/model").predict(rows)  # the Spark model
+    assert list(scored) == [r.prediction for r in binary.transform(data.limit(20)).collect()]
     features = torch.tensor(rows[["x1", "x2", "x3"]].to_numpy(), dtype=torch.float32)
     logged = mlflow.keras.load_model(f"runs:/{run_id}/keras_model")
     with torch.no_grad():

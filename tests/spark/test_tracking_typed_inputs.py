@@ -83,13 +83,13 @@ def uri(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def typed_run(typed, uri):
-    return _log(typed, uri)
+def typed_run(typed, uri, frame):
+    return _log(typed, uri, rows=frame.limit(5).toPandas())  # as the workflows log it
 
 
-def _log(model, uri):
+def _log(model, uri, rows=None):
     with tracking.workflow_run("typed", "workflow", uri=uri):
-        return tracking.log_model_run("model", {}, {}, model, [], {}, {})
+        return tracking.log_model_run("model", {}, {}, model, [], {}, {}, rows=rows)
 
 
 def _columns(schema) -> list[tuple[str, str]]:
@@ -101,12 +101,18 @@ def _columns(schema) -> list[tuple[str, str]]:
 OUTPUTS = [("prediction", "double")]
 
 
-def test_a_typed_model_is_signed_with_one_input_per_column(typed_run):
+def test_a_typed_model_is_signed_with_one_input_per_column(typed, typed_run):
     info = mlflow.models.get_model_info(f"runs:/{typed_run}/model")
     assert _columns(info.signature.inputs) == [
         ("words", "array<long>"), ("score", "double"), ("uid", "long"),
         ("pairs", "array<double>")]
     assert _columns(info.signature.outputs) == OUTPUTS
+    example = mlflow.artifacts.load_dict(f"runs:/{typed_run}/model/input_example.json")
+    assert example["columns"] == ["words", "score", "uid", "pairs"]
+    assert [len(row[3]) for row in example["data"]] == [6] * 5  # arrays as lists
+    rows = pd.DataFrame({"score": np.arange(2, dtype=np.int64), "uid": np.arange(2)})
+    signed = _columns(tracking._signature(typed, rows).inputs)  # int64 values: long
+    assert signed[1] == ("score", "long") and signed[2] == ("uid", "long")
 
 
 def test_the_spark_models_pyfunc_scores_typed_columns_through_its_signature(typed, typed_run,

@@ -22,7 +22,8 @@ PARAMS_PROTOCOL = {"_dummy", "_set", "_setDefault", "_copyValues", "_resetUid", 
 PRIVATE_ATTRIBUTES = {"_jvm", "_jsc", "_jdf", "_gateway", "_java_obj", "_conf",
                       "_ensure_initialized", "_find_spark_home", "_get_metadata_to_save",
                       "_create_model", "_transfer_params_to_java", "_validate_params",
-                      "_get_distributed_train_params", "_active_spark_context"}
+                      "_get_distributed_train_params", "_active_spark_context",
+                      "_get_spark_session"}
 
 
 def _pinned(package: str) -> str:
@@ -83,6 +84,15 @@ def test_xgboost_private_methods_read_what_the_override_answers():
     # _internals._CountedLabel answers exactly this read of the DataFrame
     assert "dataset.select(countDistinct(alias.label)).collect()[0][0]" in source
     assert source.count("dataset") == 2  # the parameter, and that one read
+
+
+def test_xgboost_transform_asks_the_session_of_the_function_replaced_in_a_task():
+    core = pytest.importorskip("xgboost.spark.core")
+    assert callable(core._get_spark_session)
+    # _internals.xgboost_session_in_a_task replaces core's name: the transform calls that one
+    for method in (core._SparkXGBModel._transform, core._SparkXGBModel._run_on_gpu):
+        source = inspect.getsource(method)
+        assert "_get_spark_session()" in source and "utils._get_spark_session" not in source
 
 
 def _private_uses(path: Path) -> list[str]:
