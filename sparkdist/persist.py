@@ -73,7 +73,7 @@ METADATA_KEYS = {"class", "timestamp", "sparkVersion", "uid", "paramMap", "defau
                  STATE_KEY, DATA_KEY}
 #: sparkdist's modules whose Params classes a saved directory may name, besides the public
 #: modules of :data:`MODELS_PACKAGE` (:func:`own_stage_module`).
-SPARKDIST_MODULES = ("sparkdist.features.assembly",)
+SPARKDIST_MODULES = ("sparkdist.features.assembly", "sparkdist.tuning.tuner")
 MODELS_PACKAGE = "sparkdist.models"
 PYSPARK_MODULES = ("pyspark.ml.feature", "pyspark.ml.classification", "pyspark.ml.regression",
                    "pyspark.ml.clustering", "pyspark.ml.recommendation", "pyspark.ml.fpm")

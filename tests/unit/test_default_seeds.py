@@ -55,6 +55,8 @@ EXPECTED = [
     "sparkdist.models.logistic.LogisticRegressionModel",
     "sparkdist.models.torch.TorchEstimator",
     "sparkdist.torchtrain.params.HasOptimization",  # TorchEstimator's group that reads it
+    "sparkdist.tuning.tuner.Tuner",  # the validation split's seed, and the sampler's
+    "sparkdist.tuning.tuner.TunerModel",
 ]
 
 

@@ -44,12 +44,16 @@ MAX_LINES = 600
 #:   ``session``, ``columns``, and ``launch.daemon``: Spark's Python daemon, named in a Spark
 #:   conf by ``session.preload_conf``; it imports no sparkdist module (it preloads modules by
 #:   name), so it belongs with the session that names it rather than with launch.
+#: - tuning (Tuner) fits whatever estimator it is given: it imports no model module today
+#:   (launch.preflight for the task slots, features.split, evaluation, persist for its nested
+#:   best model), but sits above models so that it may; nothing but entry points imports it.
 #: - datasets (sample data, ``session.get_spark`` for a DataFrame) and plots (figures of
 #:   columns) are data helpers for workflows and notebooks.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("entry points", ("sparkdist", "sparkdist.cli", "sparkdist.notebook")),
     ("workflows", ("sparkdist.workflows",)),
     ("configuration and tracking", ("sparkdist.config", "sparkdist.tracking")),
+    ("tuning", ("sparkdist.tuning",)),
     ("models", ("sparkdist.models",)),
     ("torch training", ("sparkdist.torchtrain",)),
     ("launch", ("sparkdist.launch",)),
