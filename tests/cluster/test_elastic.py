@@ -79,7 +79,9 @@ def test_torch_fit_finishes_on_the_survivors(cluster, tmp_path):
     assert result["reference_worker_counts"] == [3]
     assert result["worker_counts"][0] == 3 and result["worker_counts"][-1] == 2
     assert result["world_size"] == 2 and result["epochs_trained"] == 20
-    assert result["resumed_from_epoch"] >= 2
+    # The kill comes on epoch 2's report, which rank 0 sends before it writes epoch 2's
+    # checkpoint: the survivors resume from epoch 1 or 2, never from scratch.
+    assert result["resumed_from_epoch"] >= 1
     # the global batch is kept: 64 x 3 rows a step on 3 workers, 96 x 2 on 2, the same steps
     assert result["batch_size"] == 96 and result["global_batch_size"] == 192
     assert result["steps_per_epoch"] == result["reference_steps_per_epoch"]

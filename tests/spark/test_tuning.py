@@ -156,6 +156,8 @@ def test_each_trial_is_an_mlflow_child_run_of_the_active_run(assembled, tmp_path
     mlflow = pytest.importorskip("mlflow")
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")
     try:
+        # this store's own experiment (an earlier test may have left another one active)
+        mlflow.set_experiment("tuning")
         with mlflow.start_run() as parent:
             Tuner(estimator=_lr(), space={"regParam": FloatDistribution(1e-3, 1.0)},
                   evaluator="auc", numTrials=2, parallelism=2).fit(assembled)
