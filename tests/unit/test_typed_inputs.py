@@ -126,3 +126,28 @@ def test_input_params_that_are_not_a_dict_of_names_are_refused_naming_the_param(
         TorchEstimator(inputCols={"user": 3})
     with pytest.raises(TypeError, match="inputShapes"):
         TorchEstimator(inputShapes={"image": [1, -8]})
+
+
+def test_the_decoding_thread_keeps_order_raises_its_error_and_stops_with_the_consumer():
+    import threading
+    import time
+
+    from sparkdist.torchtrain.inference import prefetched
+
+    assert list(prefetched(iter(range(50)))) == list(range(50))
+
+    def failing():
+        yield 1
+        raise ValueError("TorchModel: inputCols['user'] holds a null")
+
+    found = prefetched(failing())
+    assert next(found) == 1
+    with pytest.raises(ValueError, match="holds a null"):
+        next(found)
+    endless = prefetched(iter(int, 1))  # never ends on its own
+    assert next(endless) == 0
+    endless.close()
+    deadline = time.monotonic() + 5
+    while any(t.name == "sparkdist-decode" for t in threading.enumerate()):
+        assert time.monotonic() < deadline, "the decoding thread outlived its consumer"
+        time.sleep(0.05)
