@@ -23,6 +23,7 @@ _EXPORTS = {
     "ConfigError": "sparkdist.exceptions",
     "ClusterConfigError": "sparkdist.exceptions",
     "TrainingError": "sparkdist.exceptions",
+    "FitStopped": "sparkdist.exceptions",
     "ModelLoadError": "sparkdist.exceptions",
     "PathExistsError": "sparkdist.exceptions",
     "StoreError": "sparkdist.exceptions",

@@ -33,6 +33,15 @@ class TrainingError(SparkdistError, RuntimeError):
     """Training failed on the executors; the message carries the root cause."""
 
 
+class FitStopped(TrainingError):
+    """The fit was stopped on purpose by its observer (a Tuner's pruner), after ``epoch``
+    epochs; ``free_seconds``: from the decision to its tasks having ended (None: not seen)."""
+
+    def __init__(self, message: str, epoch: int, free_seconds: float | None) -> None:
+        super().__init__(message)
+        self.epoch, self.free_seconds = epoch, free_seconds
+
+
 class ModelLoadError(SparkdistError, ValueError):
     """A path does not hold a model this class can load (or holds one it refuses to)."""
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -156,3 +157,23 @@ def cancel(spark: Any, tag: str) -> None:
             spark.sparkContext.cancelJobGroup(tag)
     except Exception as err:
         _LOG.warning("could not cancel the sparkdist jobs %s: %s", tag, err)
+
+
+def tasks_ended(spark: Any, tag: str, limit_s: float) -> bool:
+    """Wait up to ``limit_s`` until no task of the jobs in group ``tag`` runs; whether that
+    was seen (classic Spark's status tracker; False on Spark Connect, which has none)."""
+    if is_connect(spark):
+        return False
+    tracker = spark.sparkContext.statusTracker()
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        try:
+            stages = [stage for job in tracker.getJobIdsForGroup(tag)
+                      for stage in (tracker.getJobInfo(job) or NO_JOB).stageIds]
+            if not any(getattr(tracker.getStageInfo(stage), "numActiveTasks", 0)
+                       for stage in stages):
+                return True
+        except Exception as err:  # a py4j hiccup: poll again
+            _LOG.debug("status tracker poll failed: %s", err)
+        time.sleep(0.05)
+    return False

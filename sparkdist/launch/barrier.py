@@ -65,8 +65,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sparkdist.exceptions import ClusterConfigError, TrainingError
-from sparkdist.launch.attempts import INPUT_ERRORS, Attempts, Fit, Launch, cancel
+from sparkdist.exceptions import ClusterConfigError, FitStopped, TrainingError
+from sparkdist.launch import observe
+from sparkdist.launch.attempts import INPUT_ERRORS, Attempts, Fit, Launch, cancel, tasks_ended
 from sparkdist.launch.elastic import supervise
 from sparkdist.launch.executor import executor_id, make_scratch
 from sparkdist.launch.report import FIRST_LINE_S, REPORT_LINE_LIMIT, report_server
@@ -91,6 +92,8 @@ RENDEZVOUS_PATHS = ("auto", "driver", "spark")
 #: ranks keep their log lines for the error report without printing them: the make demo, whose
 #: local tasks print on the driver's console.
 ENV_QUIET_RANKS = "SPARKDIST_QUIET_RANKS"
+#: How long a stopped fit waits for its cancelled tasks to end before it raises anyway.
+STOP_WAIT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -306,6 +309,7 @@ def run_barrier(df: DataFrame, worker: Worker, args: Any, num_workers: int, *,
     settings = settings or BarrierSettings()
     spark = df.sparkSession
     fit = Fit(max_retries, on_report, elastic)
+    stopper = _stopper(spark, fit)
     token = secrets.token_hex(16)  # reaches the tasks inside the task closure, via Spark
     with report_server(_driver_host(df), token, fit.dispatch,
                        max_connections=2 * num_workers + 4) as address:
@@ -318,13 +322,45 @@ def run_barrier(df: DataFrame, worker: Worker, args: Any, num_workers: int, *,
                                            "driver_rendezvous":
                                            _through_driver(spark, address)})
         launch = functools.partial(_launch, df, worker, task_settings, description, fit)
-        if elastic is None:
-            rows = launch(args, num_workers, timeout_s, 0)
-        else:
-            rows = supervise(spark, launch, args, num_workers, elastic, timeout_s, fit)
+        try:
+            if elastic is None:
+                rows = launch(args, num_workers, timeout_s, 0)
+            else:
+                rows = supervise(spark, launch, args, num_workers, elastic, timeout_s, fit)
+        except TrainingError:
+            if stopper is None or stopper.decided_at is None:
+                raise
+            raise _stopped(spark, fit, stopper, description) from None
     if not rows:
         raise TrainingError("the barrier stage finished but rank 0 returned no result.")
     return b"".join(row["payload"] for row in sorted(rows, key=lambda row: row["part"]))
+
+
+def _stopper(spark: Any, fit: Fit) -> observe.Stopper | None:
+    """Where this thread fits under an observer (:mod:`sparkdist.launch.observe`): the
+    report callback that may cancel the fit's current launch."""
+    observer = observe.current()
+    if observer is None:
+        return None
+
+    def cancel_current() -> None:
+        if fit.current is not None:
+            cancel(spark, fit.current.tag)
+
+    fit.on_report = observe.Stopper(observer, fit.on_report, cancel_current)
+    return fit.on_report
+
+
+def _stopped(spark: Any, fit: Fit, stopper: observe.Stopper,
+             description: str) -> FitStopped:
+    """The error of a fit its observer stopped, once its tasks have ended (so their slots are
+    free when the caller goes on)."""
+    tag = fit.current.tag if fit.current is not None else ""
+    ended = tasks_ended(spark, tag, limit_s=STOP_WAIT_S)
+    assert stopper.decided_at is not None
+    free_s = time.monotonic() - stopper.decided_at if ended else None
+    return FitStopped(f"{description}: stopped by its observer after epoch {stopper.epoch}",
+                      epoch=stopper.epoch, free_seconds=free_s)
 
 
 def _launch(df: DataFrame, worker: Worker, settings: BarrierSettings, description: str,

@@ -156,13 +156,16 @@ def _grid_sampler(optuna: Any) -> Any:
     return _Grid
 
 
-def make_pruner(name: str) -> Any:
-    """Optuna's pruner for ``name``: asha -> SuccessiveHalvingPruner, median -> MedianPruner."""
+def make_pruner(pruner: Any) -> Any:
+    """Optuna's pruner: the object given, or by name: asha -> SuccessiveHalvingPruner, median
+    -> MedianPruner, none -> NopPruner (each with Optuna's defaults)."""
     optuna = optuna_module()
-    check_one_of("pruner", name, PRUNERS)
-    if name == "asha":
+    if isinstance(pruner, optuna.pruners.BasePruner):
+        return pruner
+    check_one_of("pruner", pruner, PRUNERS)
+    if pruner == "asha":
         return optuna.pruners.SuccessiveHalvingPruner()
-    if name == "median":
+    if pruner == "median":
         return optuna.pruners.MedianPruner()
     return optuna.pruners.NopPruner()
 

@@ -19,7 +19,8 @@ from typing import Any
 
 from pyspark.sql import DataFrame
 
-from sparkdist.exceptions import ClusterConfigError, ParamError
+from sparkdist.exceptions import ClusterConfigError, FitStopped, ParamError
+from sparkdist.launch import observe
 from sparkdist.tuning._space import find_param, optuna_module, stages
 
 _LOG = logging.getLogger(__name__)
@@ -52,12 +53,19 @@ class SlotGate:
             self._cond.notify_all()
 
 
-def slots_of(estimator: Any) -> int:
-    """The barrier task slots one fit of ``estimator`` takes (0 for non-barrier fits)."""
+def slots_of(estimator: Any, partitions: int, total: int) -> int:
+    """The barrier task slots one fit of ``estimator`` takes (0 for non-barrier fits): its
+    ``numWorkers``; for sparkdist's LogisticRegression with a solver that may all-reduce,
+    one rank per partition of its input (``partitions``) up to the cluster's ``total``, as
+    its plan takes them (where 'auto' then picks MLlib, the slots were held for nothing)."""
+    from sparkdist.models.logistic import LogisticRegression
+
     for stage in stages(estimator):
         for name in WORKER_PARAMS:
             if stage.hasParam(name):
                 return int(stage.getOrDefault(name))
+        if isinstance(stage, LogisticRegression) and stage.getSolver() != "mllib":
+            return max(1, min(partitions, total))
     return 0
 
 
@@ -65,6 +73,28 @@ def with_params(estimator: Any, values: Mapping[str, Any]) -> Any:
     """A copy of ``estimator`` (or Pipeline) with the Params named in ``values`` set."""
     extra = {find_param(estimator, name, "space")[1]: value for name, value in values.items()}
     return estimator.copy(extra)
+
+
+#: The column that marks the Tuner's validation rows where a trial's estimator takes them.
+VALIDATION_FLAG = "__sparkdist_tuner_validation"
+
+
+def with_validation_rows(estimator: Any, train: DataFrame,
+                         validation: DataFrame) -> tuple[Any, DataFrame]:
+    """The estimator and rows each trial fits. An estimator that validates per epoch
+    (``validationIndicatorCol``: TorchEstimator, KerasEstimator) and has no validation rows
+    of its own is given the Tuner's, flagged, so its per-epoch validation values, which the
+    pruner judges while the fit runs, are measured on the rows the trial is scored on."""
+    from pyspark.sql import functions as F
+
+    final = stages(estimator)[0]
+    takes = final.hasParam("validationIndicatorCol") and final.hasParam("validationFraction")
+    if not takes or final.isSet("validationIndicatorCol") \
+            or final.getOrDefault("validationFraction") > 0:
+        return estimator, train
+    rows = train.withColumn(VALIDATION_FLAG, F.lit(False)).unionByName(
+        validation.withColumn(VALIDATION_FLAG, F.lit(True)))
+    return estimator.copy({final.getParam("validationIndicatorCol"): VALIDATION_FLAG}), rows
 
 
 @dataclass
@@ -83,6 +113,13 @@ class TrialRun:
     best: dict[str, Any] = field(default_factory=dict)
     aborted: list[BaseException] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    partitions: int = 0  # the fit rows' partitions, read on the first trial
+
+    def slots(self, estimator: Any) -> int:
+        with self.lock:
+            self.partitions = self.partitions or self.train.rdd.getNumPartitions()
+        return slots_of(estimator, self.partitions, self.gate.total)
 
 
 def run_trials(study: Any, run: TrialRun, count: int, parallelism: int,
@@ -105,23 +142,48 @@ def run_trials(study: Any, run: TrialRun, count: int, parallelism: int,
         raise run.aborted[0]
 
 
-def _run_one(study: Any, trial: Any, run: TrialRun) -> None:
+def rerun_interrupted(study: Any) -> int:
+    """Trials a stopped driver left RUNNING (one Tuner drives a study at a time) are recorded
+    FAIL, marked ``interrupted`` (not counted as run), and their Params queued to run again;
+    how many there were."""
     optuna = optuna_module()
+    storage = study._storage  # Optuna's storage API; the study exposes no public handle
+    left = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+    for trial in left:
+        storage.set_trial_user_attr(trial._trial_id, "interrupted", True)
+        storage.set_trial_user_attr(trial._trial_id, "error", "the driver stopped while the "
+                                    "trial ran; its Params are run again")
+        storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL)
+        study.enqueue_trial(trial.params, skip_if_exists=False)
+    if left:
+        _LOG.warning("%d trial(s) of study %r were left running by a driver that stopped: "
+                     "recorded FAIL and queued again", len(left), study.study_name)
+    return len(left)
+
+
+def _run_one(study: Any, trial: Any, run: TrialRun) -> None:
     start = time.monotonic()
     estimator = with_params(run.estimator, trial.params)
-    slots = slots_of(estimator)
+    slots = run.slots(estimator)
+    pruning = _Pruning(trial, run)
     try:
         run.gate.acquire(slots)
+        start = time.monotonic()  # a trial's seconds leave out its wait for slots
         try:
             trial.set_user_attr("fitStart", time.time())  # wall clock, across processes
-            model = estimator.fit(run.train)
+            with observe.observing(pruning):
+                model = estimator.fit(run.train)
         finally:
             trial.set_user_attr("fitEnd", time.time())
             run.gate.release(slots)
+    except FitStopped as stop:  # the pruner stopped it: its tasks have ended
+        _tell_pruned(study, trial, pruning, start, stop.free_seconds)
+        _child_run(run, trial, None, "PRUNED", pruning.records)
+        return
     except Exception as err:  # a failed fit is a failed trial; the study goes on
         _LOG.warning("trial %d failed: %s", trial.number, err)
         _tell_failed(study, trial, err, start)
-        _child_run(run, trial, None, "FAIL")
+        _child_run(run, trial, None, "FAIL", pruning.records)
         return
     try:
         value = run.score(model, run.validation)
@@ -131,16 +193,54 @@ def _run_one(study: Any, trial: Any, run: TrialRun) -> None:
     except Exception as err:
         _LOG.warning("trial %d could not be scored: %s", trial.number, err)
         _tell_failed(study, trial, err, start)
-        _child_run(run, trial, None, "FAIL")
+        _child_run(run, trial, None, "FAIL", pruning.records)
         return
-    pruned = _report_history(trial, model, run)
+    records = pruning.records or _history(model)
+    if not pruning.records:  # no live reports (e.g. no report channel): judge the history
+        _report_history(trial, records, run)
+    if pruning.stopped or (not pruning.records and _should_prune(trial)):
+        _tell_pruned(study, trial, pruning, start, None)
+        _child_run(run, trial, value, "PRUNED", records)
+        return
     trial.set_user_attr("seconds", time.monotonic() - start)
-    if pruned:
-        study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-    else:
-        study.tell(trial, value)
-        _keep_best(run, trial, model, value)
-    _child_run(run, trial, value, "PRUNED" if pruned else "COMPLETE")
+    if records:
+        trial.set_user_attr("epochs", len(records))
+    study.tell(trial, value)
+    _keep_best(run, trial, model, value)
+    _child_run(run, trial, value, "COMPLETE", records)
+
+
+class _Pruning:
+    """The observer of a trial's fit: reports each epoch's validation value to the trial and
+    asks the pruner whether to stop (True stops the fit: sparkdist.launch.observe)."""
+
+    def __init__(self, trial: Any, run: TrialRun) -> None:
+        self.trial, self.run = trial, run
+        self.records: list[dict[str, Any]] = []
+        self.stopped = False
+
+    def __call__(self, record: dict[str, Any]) -> bool:
+        self.records.append(record)
+        value = epoch_value(record, self.run.metric, self.run.maximize)
+        if value is None:
+            return False
+        self.trial.report(value, int(record.get("epoch", len(self.records))) - 1)
+        self.stopped = self.stopped or _should_prune(self.trial)
+        return self.stopped
+
+
+def _should_prune(trial: Any) -> bool:
+    return bool(trial.should_prune())
+
+
+def _tell_pruned(study: Any, trial: Any, pruning: _Pruning, start: float,
+                 free_seconds: float | None) -> None:
+    optuna = optuna_module()
+    trial.set_user_attr("epochs", len(pruning.records))
+    if free_seconds is not None:
+        trial.set_user_attr("pruneSeconds", free_seconds)
+    trial.set_user_attr("seconds", time.monotonic() - start)
+    study.tell(trial, state=optuna.trial.TrialState.PRUNED)
 
 
 def _tell_failed(study: Any, trial: Any, err: BaseException, start: float) -> None:
@@ -160,44 +260,55 @@ def _keep_best(run: TrialRun, trial: Any, model: Any, value: float) -> None:
                             model=model if run.keep_models else None)
 
 
-def epoch_values(model: Any, metric: str, maximize: bool) -> list[float]:
-    """Per-epoch validation values from the fitted model's ``history`` (TorchModel,
-    KerasModel): ``val_<metric>``, else ``val_loss`` (minimising) or ``val_accuracy``
-    (maximising); [] when the history has none."""
-    final = stages(model)[0]
-    history = getattr(final, "history", None)
-    if not isinstance(history, list) or not history:
-        return []
-    fallback = "val_accuracy" if maximize else "val_loss"
-    for key in (f"val_{metric}", fallback):
-        values = [float(rec[key]) for rec in history if isinstance(rec, dict) and key in rec]
-        if values:
-            return values
-    return []
+def epoch_value(record: Mapping[str, Any], metric: str, maximize: bool) -> float | None:
+    """One epoch's validation value in the study's direction: ``val_<metric>``, else
+    ``val_accuracy`` (maximising), else ``val_loss`` (negated when maximising, e.g. r2 of a
+    regression); None where the record has no validation value."""
+    keys = [(f"val_{metric}", 1.0)] + ([("val_accuracy", 1.0), ("val_loss", -1.0)]
+                                       if maximize else [("val_loss", 1.0)])
+    for key, sign in keys:
+        if isinstance(record.get(key), (int, float)):
+            return sign * float(record[key])
+    return None
 
 
-def _report_history(trial: Any, model: Any, run: TrialRun) -> bool:
-    """Report each epoch's validation value to the trial (after the fit: the pruner's state
-    is right, the fit itself is not stopped early); whether the pruner prunes the trial."""
-    values = epoch_values(model, run.metric, run.maximize)
-    for step, value in enumerate(values):
-        trial.report(value, step)
-    return bool(values) and bool(trial.should_prune())
+def _history(model: Any) -> list[dict[str, Any]]:
+    """The fitted model's per-epoch records (TorchModel, KerasModel), else []."""
+    history = getattr(stages(model)[0], "history", None)
+    return [rec for rec in history if isinstance(rec, dict)] if isinstance(history, list) else []
 
 
-def _child_run(run: TrialRun, trial: Any, value: float | None, state: str) -> None:
-    """One MLflow run per trial under the run that was active when fit started."""
+def _report_history(trial: Any, records: list[dict[str, Any]], run: TrialRun) -> None:
+    """Report each epoch's validation value to the trial after its fit (where no report came
+    while it ran): the pruner's state is right for the trials after it."""
+    for step, record in enumerate(records):
+        value = epoch_value(record, run.metric, run.maximize)
+        if value is not None:
+            trial.report(value, step)
+
+
+def _child_run(run: TrialRun, trial: Any, value: float | None, state: str,
+               records: list[dict[str, Any]]) -> None:
+    """One MLflow run per trial under the run that was active when fit started: its Params,
+    its metric, each epoch's record as metrics by step, and its state as a tag."""
     if run.parent_run is None:
         return
+    from mlflow.entities import Metric, Param
+
     client, parent = run.parent_run
     try:
         child = client.create_run(parent.info.experiment_id, run_name=f"trial-{trial.number}",
                                   tags={"mlflow.parentRunId": parent.info.run_id,
                                         "sparkdist.trialState": state})
-        for name, param in trial.params.items():
-            client.log_param(child.info.run_id, name, str(param)[:6000])
+        now = int(time.time() * 1000)
+        metrics = [Metric(key, float(v), now, step) for step, rec in enumerate(records)
+                   for key, v in rec.items()
+                   if key not in ("epoch", "epochs") and isinstance(v, (int, float))
+                   and math.isfinite(v)]
         if value is not None and not math.isnan(value):
-            client.log_metric(child.info.run_id, run.metric, float(value))
+            metrics.append(Metric(run.metric, float(value), now, 0))
+        client.log_batch(child.info.run_id, metrics=metrics, params=[
+            Param(name, str(param)[:6000]) for name, param in trial.params.items()])
         client.set_terminated(child.info.run_id, "FINISHED" if state != "FAIL" else "FAILED")
     except Exception as err:  # tracking must not fail the study
         _LOG.warning("MLflow child run of trial %d not logged: %s", trial.number, err)

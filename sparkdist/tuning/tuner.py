@@ -6,10 +6,9 @@ thread, ``parallelism`` trials at a time; a trial of an estimator that trains in
 stage (``numWorkers`` / ``num_workers`` tasks) starts only when that many task slots are free,
 so a ``parallelism`` above what the cluster holds queues instead of deadlocking.
 
-Not built yet: pruning *during* a fit. Where the fitted model has a per-epoch ``history``
-(TorchModel, KerasModel), the epochs' validation values are reported to the trial after the
-fit, so the pruner's state is what it would be; a trial the pruner then prunes is recorded as
-PRUNED, but its fit ran to the end and no barrier job is cancelled early.
+Pruning runs during the fits: each epoch's validation value that rank 0 reports is given to
+the trial, and where the pruner prunes it the fit's barrier job is cancelled; the trial is
+recorded PRUNED once its tasks have ended, so its slots are free (``pruneSeconds``).
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import DoubleType, LongType, StringType, StructField, StructType
 
 from sparkdist._params import stable_seed
-from sparkdist.columns import check_one_of, col, require_columns
+from sparkdist.columns import col, require_columns
 from sparkdist.exceptions import ParamError, TrainingError
 from sparkdist.persist import ParamsPersistence, PersistentModel, load_model, save_model
 from sparkdist.tuning import _space, _trials
@@ -34,7 +33,8 @@ from sparkdist.tuning import _space, _trials
 TRIALS_SCHEMA = StructType([
     StructField("number", LongType(), False), StructField("params", StringType(), False),
     StructField("metric", DoubleType(), True), StructField("state", StringType(), False),
-    StructField("seconds", DoubleType(), True), StructField("error", StringType(), True)])
+    StructField("seconds", DoubleType(), True), StructField("error", StringType(), True),
+    StructField("epochs", LongType(), True), StructField("pruneSeconds", DoubleType(), True)])
 _SPACE_ATTR, _METRIC_ATTR = "sparkdist.space", "sparkdist.metric"
 _FINISHED = ("COMPLETE", "PRUNED", "FAIL")
 
@@ -49,10 +49,6 @@ class _TunerParams(HasSeed):
     parallelism: Param[int] = Param(
         Params._dummy(), "parallelism", "trials run at once from driver threads, >= 1",
         typeConverter=TypeConverters.toInt)
-    pruner: Param[str] = Param(
-        Params._dummy(), "pruner", "'none', 'median' (Optuna's MedianPruner) or 'asha' "
-        "(SuccessiveHalvingPruner), fed by the fitted model's per-epoch validation history",
-        typeConverter=TypeConverters.toString)
     validationFraction: Param[float] = Param(
         Params._dummy(), "validationFraction", "fraction of the rows held out to score "
         "trials, in (0, 1), by sparkdist.features.split (deterministic for a seed)",
@@ -74,7 +70,7 @@ class _TunerParams(HasSeed):
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
-        self._setDefault(numTrials=10, parallelism=1, pruner="none", validationFraction=0.2,
+        self._setDefault(numTrials=10, parallelism=1, validationFraction=0.2,
                          validationCol=None, studyName=None, storage=None, refit=True,
                          seed=stable_seed("Tuner"))
 
@@ -94,6 +90,10 @@ class Tuner(Estimator, _TunerParams, ParamsPersistence):
         logloss, rmse, mae, r2) or a pyspark Evaluator; the direction follows from it.
     sampler : "tpe" (default), "random" or an Optuna sampler object (seeded by ``seed`` when
         given by name).
+    pruner : "none" (default), "median", "asha" or an Optuna pruner object. An estimator that
+        validates per epoch (TorchEstimator, KerasEstimator) without validation rows of its
+        own is given the Tuner's validation rows, and each epoch's value reaches the pruner
+        while the fit runs; a pruned fit's barrier job is cancelled.
 
     A trial whose fit fails is recorded as FAIL with its error and the study goes on;
     TrainingError when no trial completes. A metric that does not fit the model's task stops
@@ -118,22 +118,26 @@ class Tuner(Estimator, _TunerParams, ParamsPersistence):
                                   "name or a pyspark Evaluator")
     sampler: Param[Any] = Param(Params._dummy(), "sampler", "'tpe', 'random' or an Optuna "
                                 "sampler")
+    pruner: Param[Any] = Param(
+        Params._dummy(), "pruner", "'none', 'median' (Optuna's MedianPruner), 'asha' "
+        "(SuccessiveHalvingPruner) or an Optuna pruner, fed each epoch's validation value "
+        "while the trial's fit runs")
 
     @keyword_only
     def __init__(self, *, estimator: Any = None, space: Any = None, evaluator: Any = None,
                  sampler: Any = "tpe", numTrials: int = 10, parallelism: int = 1,
-                 pruner: str = "none", validationFraction: float = 0.2,
+                 pruner: Any = "none", validationFraction: float = 0.2,
                  validationCol: str | None = None, studyName: str | None = None,
                  storage: str | None = None, refit: bool = True,
                  seed: int | None = None) -> None:
         super().__init__()
-        self._setDefault(sampler="tpe")
+        self._setDefault(sampler="tpe", pruner="none")
         self._set(**self._input_kwargs)  # type: ignore[attr-defined]
 
     @keyword_only
     def setParams(self, *, estimator: Any = None, space: Any = None, evaluator: Any = None,
                   sampler: Any = "tpe", numTrials: int = 10, parallelism: int = 1,
-                  pruner: str = "none", validationFraction: float = 0.2,
+                  pruner: Any = "none", validationFraction: float = 0.2,
                   validationCol: str | None = None, studyName: str | None = None,
                   storage: str | None = None, refit: bool = True,
                   seed: int | None = None) -> Tuner:
@@ -152,13 +156,16 @@ class Tuner(Estimator, _TunerParams, ParamsPersistence):
         if grid and not self.isSet(self.numTrials):
             total = len(get("space"))
         train, validation = self._split(dataset)
+        trial_estimator, fit_rows = _trials.with_validation_rows(estimator, train, validation)
         run = _trials.TrialRun(
-            estimator=estimator, train=train, validation=validation,
+            estimator=trial_estimator, train=fit_rows, validation=validation,
             score=self._scorer(metric), maximize=maximize, metric=metric,
             gate=_trials.SlotGate(_task_slots(dataset)), keep_models=not get("refit"),
             parent_run=_trials.active_parent_run())
         try:
-            done = sum(t.state.name in _FINISHED for t in study.get_trials(deepcopy=False))
+            _trials.rerun_interrupted(study)
+            done = sum(t.state.name in _FINISHED and not t.user_attrs.get("interrupted")
+                       for t in study.get_trials(deepcopy=False))
             _trials.run_trials(study, run, max(0, total - done), get("parallelism"), space)
         finally:
             train.unpersist()
@@ -166,7 +173,7 @@ class Tuner(Estimator, _TunerParams, ParamsPersistence):
         best = _best_trial(study)
         model = run.best.get("model") if run.best.get("number") == best.number else None
         if model is None:  # refit, or the best trial ran in an earlier session
-            model = self._fit_best(run, best.params, dataset)
+            model = self._fit_best(run, estimator, best.params, dataset)
         result = TunerModel(bestModel=model, bestParams=dict(best.params),
                             bestValue=float(best.value), metric=metric,
                             trials=_trial_rows(study))
@@ -188,7 +195,6 @@ class Tuner(Estimator, _TunerParams, ParamsPersistence):
         for name in ("numTrials", "parallelism"):
             if get(name) < 1:
                 raise ParamError(f"{name}={get(name)}: use 1 or more.")
-        check_one_of("pruner", get("pruner"), _space.PRUNERS)
         if get("validationCol") is not None:
             require_columns(dataset.schema, [get("validationCol")], "validationCol")
         elif not 0 < get("validationFraction") < 1:
@@ -252,10 +258,10 @@ class Tuner(Estimator, _TunerParams, ParamsPersistence):
                                  "another studyName.")
         return study
 
-    def _fit_best(self, run: _trials.TrialRun, params: dict[str, Any],
+    def _fit_best(self, run: _trials.TrialRun, estimator: Any, params: dict[str, Any],
                   dataset: DataFrame) -> Any:
-        estimator = _trials.with_params(run.estimator, params)
-        slots = _trials.slots_of(estimator)
+        estimator = _trials.with_params(estimator, params)
+        slots = run.slots(estimator)
         run.gate.acquire(slots)
         try:
             return estimator.fit(dataset)
@@ -289,7 +295,8 @@ def _trial_rows(study: Any) -> list[dict[str, Any]]:
         rows.append({"number": int(t.number), "params": json.dumps(t.params, sort_keys=True),
                      "metric": None if t.value is None else float(t.value),
                      "state": t.state.name, "seconds": None if seconds is None else float(seconds),
-                     "error": t.user_attrs.get("error")})
+                     "error": t.user_attrs.get("error"), "epochs": t.user_attrs.get("epochs"),
+                     "pruneSeconds": t.user_attrs.get("pruneSeconds")})
     return rows
 
 
@@ -311,7 +318,7 @@ class TunerModel(Model, _TunerParams, PersistentModel):
     @property
     def trials(self) -> DataFrame:
         spark = SparkSession.active()
-        return spark.createDataFrame([tuple(r[f.name] for f in TRIALS_SCHEMA.fields)
+        return spark.createDataFrame([tuple(r.get(f.name) for f in TRIALS_SCHEMA.fields)
                                       for r in self._trial_rows], TRIALS_SCHEMA)
 
     def _transform(self, dataset: DataFrame) -> DataFrame:

@@ -1,0 +1,68 @@
+"""Watching a fit from the driver thread that runs it: a callback on rank 0's per-epoch
+reports that may stop the fit (a Tuner's pruner does).
+
+An observer is never a Param and never saved: it is set for the calling thread only
+(:func:`observing`), so concurrent fits from other threads (a Tuner's parallel trials) each
+see their own. :func:`sparkdist.launch.barrier.run_barrier` reads it when the fit starts; when
+the callback asks to stop, the fit's barrier job is cancelled and the fit raises
+:class:`sparkdist.exceptions.FitStopped` once its tasks have ended.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+#: ``record -> stop?``: called in a driver thread with each progress record of rank 0 (a dict
+#: with ``epoch``, ``loss`` and, with validation rows, ``val_loss`` / ``val_accuracy``).
+Observer = Callable[[dict[str, Any]], bool]
+
+_LOG = logging.getLogger(__name__)
+_LOCAL = threading.local()
+
+
+@contextmanager
+def observing(observer: Observer) -> Iterator[None]:
+    """Run the fits started in this block, in this thread, under ``observer``."""
+    previous = current()
+    _LOCAL.observer = observer
+    try:
+        yield
+    finally:
+        _LOCAL.observer = previous
+
+
+def current() -> Observer | None:
+    """This thread's observer, or None (every fit outside a Tuner)."""
+    return getattr(_LOCAL, "observer", None)
+
+
+class Stopper:
+    """A fit's report callback under an observer: passes each record on to ``on_report``,
+    then to the observer; the first time the observer says stop, notes when and after which
+    epoch, and calls ``cancel`` (the fit's current barrier job). An observer that raises is
+    logged and ignored: watching must not fail the fit."""
+
+    def __init__(self, observer: Observer, on_report: Callable[[dict[str, Any]], None] | None,
+                 cancel: Callable[[], None]) -> None:
+        self.observer, self.on_report, self.cancel = observer, on_report, cancel
+        self.decided_at: float | None = None
+        self.epoch = 0
+
+    def __call__(self, record: dict[str, Any]) -> None:
+        if self.on_report is not None:
+            self.on_report(record)
+        if self.decided_at is not None:
+            return
+        try:
+            stop = self.observer(record)
+        except Exception as err:
+            _LOG.warning("the fit's observer failed on %s (%s); the fit goes on", record, err)
+            return
+        if stop:
+            self.decided_at, self.epoch = time.monotonic(), int(record.get("epoch", 0))
+            self.cancel()
