@@ -196,19 +196,24 @@ def test_a_fit_history_is_reported_per_epoch_and_the_pruner_judges_it():
 
     import optuna
 
-    from sparkdist.tuning._trials import _report_history
+    from sparkdist.tuning._trials import _report_history, epoch_value
 
     study = optuna.create_study(direction="minimize", pruner=optuna.pruners.MedianPruner(
         n_startup_trials=1, n_warmup_steps=0))
     run = types.SimpleNamespace(metric="logloss", maximize=False)
-    fitted = types.SimpleNamespace(history=[{"val_loss": 0.5}, {"val_loss": 0.3}])
-    worse = types.SimpleNamespace(history=[{"val_loss": 0.9}, {"val_loss": 0.8}])
     first = study.ask()
-    assert not _report_history(first, fitted, run)
+    _report_history(first, [{"val_loss": 0.5}, {"val_loss": 0.3}], run)
+    assert not first.should_prune()
     study.tell(first, 0.3)
     second = study.ask()
-    assert _report_history(second, worse, run)  # the Tuner then records it as PRUNED
+    _report_history(second, [{"val_loss": 0.9}, {"val_loss": 0.8}], run)
+    assert second.should_prune()  # the Tuner then records it as PRUNED
     assert study.trials[1].intermediate_values == {0: 0.9, 1: 0.8}
+    # the value in the study's direction: the metric's own, accuracy, or the loss negated
+    assert epoch_value({"val_auc": 0.7, "val_accuracy": 0.6}, "auc", True) == 0.7
+    assert epoch_value({"val_accuracy": 0.6, "val_loss": 0.2}, "f1", True) == 0.6
+    assert epoch_value({"val_loss": 0.2}, "r2", True) == -0.2
+    assert epoch_value({"loss": 0.2}, "rmse", False) is None
 
 
 @pytest.mark.slow
@@ -239,3 +244,15 @@ def test_distributed_trials_above_the_slots_queue_instead_of_deadlocking(spark, 
     assert a_end <= b_start
     # each epoch's validation accuracy was reported to its trial (for the pruner)
     assert all(len(t.intermediate_values) == 2 for t in trials)
+
+
+def test_barrier_fits_hold_their_slots_in_the_gate(spark):
+    from sparkdist.models import TorchEstimator, XGBoostClassifier
+    from sparkdist.tuning._trials import slots_of
+
+    assert slots_of(Pipeline(stages=[TorchEstimator(numWorkers=2)]), 8, 2) == 2
+    assert slots_of(XGBoostClassifier(num_workers=1), 8, 2) == 1
+    # LR's all-reduce takes one rank per partition, up to the task slots; MLlib's none
+    assert slots_of(LogisticRegression(solver="auto"), 8, 2) == 2
+    assert slots_of(LogisticRegression(solver="allreduce"), 1, 2) == 1
+    assert slots_of(_lr(), 8, 2) == 0
