@@ -31,9 +31,10 @@ def stages() -> list[type]:
     import sparkdist
     import sparkdist.features
     import sparkdist.models
+    import sparkdist.tuning
 
     found: dict[str, type] = {}
-    for module in (sparkdist, sparkdist.models, sparkdist.features):
+    for module in (sparkdist, sparkdist.models, sparkdist.features, sparkdist.tuning):
         for name in module.__all__:
             value = getattr(module, name)
             if isinstance(value, type) and issubclass(value, Params):

@@ -35,7 +35,7 @@ from sparkdist._params import GENERATED, accessor_suffix, class_params
 
 #: Marks a generated class, so that a rerun treats its methods as missing, not hand-written.
 MARK = GENERATED
-_PACKAGES = ("sparkdist", "sparkdist.models", "sparkdist.features")
+_PACKAGES = ("sparkdist", "sparkdist.models", "sparkdist.features", "sparkdist.tuning")
 #: The packages whose exports are resolved on first use, so need a stub to be seen by tools.
 _LAZY = ("sparkdist", "sparkdist.models")
 _MAX_LINES = 600

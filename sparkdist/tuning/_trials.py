@@ -81,16 +81,16 @@ VALIDATION_FLAG = "__sparkdist_tuner_validation"
 
 def with_validation_rows(estimator: Any, train: DataFrame,
                          validation: DataFrame) -> tuple[Any, DataFrame]:
-    """The estimator and rows each trial fits. An estimator that validates per epoch
-    (``validationIndicatorCol``: TorchEstimator, KerasEstimator) and has no validation rows
-    of its own is given the Tuner's, flagged, so its per-epoch validation values, which the
-    pruner judges while the fit runs, are measured on the rows the trial is scored on."""
+    """The estimator and rows each trial fits. An estimator that validates per epoch or round
+    (``validationIndicatorCol``: TorchEstimator, KerasEstimator, XGBoost) and has no
+    validation rows of its own is given the Tuner's, flagged, so the validation values the
+    pruner judges are measured on the rows the trial is scored on."""
     from pyspark.sql import functions as F
 
     final = stages(estimator)[0]
-    takes = final.hasParam("validationIndicatorCol") and final.hasParam("validationFraction")
-    if not takes or final.isSet("validationIndicatorCol") \
-            or final.getOrDefault("validationFraction") > 0:
+    own = final.hasParam("validationFraction") and final.getOrDefault("validationFraction") > 0
+    if not final.hasParam("validationIndicatorCol") or own \
+            or final.isSet("validationIndicatorCol"):
         return estimator, train
     rows = train.withColumn(VALIDATION_FLAG, F.lit(False)).unionByName(
         validation.withColumn(VALIDATION_FLAG, F.lit(True)))

@@ -29,6 +29,7 @@ from sparkdist.columns import col, require_columns
 from sparkdist.exceptions import ParamError, TrainingError
 from sparkdist.persist import ParamsPersistence, PersistentModel, load_model, save_model
 from sparkdist.tuning import _space, _trials
+from sparkdist.tuning._accessors_tuner import _TunerAccessors, _TunerModelAccessors
 
 TRIALS_SCHEMA = StructType([
     StructField("number", LongType(), False), StructField("params", StringType(), False),
@@ -75,7 +76,7 @@ class _TunerParams(HasSeed):
                          seed=stable_seed("Tuner"))
 
 
-class Tuner(Estimator, _TunerParams, ParamsPersistence):
+class Tuner(Estimator, _TunerParams, ParamsPersistence, _TunerAccessors):
     """Search the Params of ``estimator`` for the best validation metric; fit returns a
     :class:`TunerModel`.
 
@@ -300,7 +301,7 @@ def _trial_rows(study: Any) -> list[dict[str, Any]]:
     return rows
 
 
-class TunerModel(Model, _TunerParams, PersistentModel):
+class TunerModel(Model, _TunerParams, PersistentModel, _TunerModelAccessors):
     """The result of :class:`Tuner`: ``bestModel`` (transform delegates to it),
     ``bestParams``, ``bestValue``, ``metric`` and ``trials`` (a DataFrame: number, params as
     JSON, metric, state, seconds, error). Saved with its best model nested under its path."""

@@ -89,6 +89,7 @@ from sparkdist.models import (
     XGBoostRegressionModel,
     XGBoostRegressor,
 )
+from sparkdist.tuning import Tuner, TunerModel
 """
 
 #: What a user writes; a line marked "# E" must be reported, every other line must pass.
