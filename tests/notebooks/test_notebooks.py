@@ -78,6 +78,9 @@ def test_deep_learning_notebook(spark, nb_env):
     assert [h["epoch"] for h in ns["model"].history] == [1, 2, 3]
     assert ns["metrics"]["auc"] > 0.7
     assert ns["keras_metrics"]["auc"] > 0.7
+    trials = ns["tuned"].trials.collect()
+    assert len(trials) == 4 and {t.state for t in trials} <= {"COMPLETE", "PRUNED"}
+    assert ns["tuned"].bestValue > 0.7
     assert ns["first"].trainingSummary["resumed_from_epoch"] is None
     assert ns["resumed"].trainingSummary["resumed_from_epoch"] == 2
     assert [h["epoch"] for h in ns["resumed"].history] == [1, 2, 3, 4]
