@@ -79,3 +79,12 @@ def test_params_are_grouped_by_the_mixin_that_declares_them():
         assert all(mixin.__dict__.get(p.name) is p for p in params)
     text = (DOCS / "reference" / "params.md").read_text()
     assert "## TorchEstimator" in text and "| `numWorkers` |" in text
+
+
+def test_every_test_a_docs_page_cites_exists():
+    """Pages cite the test behind a claim by name (`test_...`): each name is a test."""
+    defined = {name for path in (ROOT / "tests").rglob("test_*.py")
+               for name in re.findall(r"^def (test_\w+)\(", path.read_text(), re.MULTILINE)}
+    cited = {(page.name, name) for page in DOCS.rglob("*.md")
+             for name in re.findall(r"`(test_\w+)`", page.read_text())}
+    assert cited and not [c for c in cited if c[1] not in defined]
