@@ -75,6 +75,17 @@ def with_params(estimator: Any, values: Mapping[str, Any]) -> Any:
     return estimator.copy(extra)
 
 
+def for_trial(estimator: Any, values: Mapping[str, Any], number: int) -> Any:
+    """The estimator of trial ``number``: ``values`` set, and a ``runId`` the user set made
+    the trial's own (``<runId>-trial-<number>``), so that trials never resume, or wait for,
+    each other's checkpointed runs."""
+    trial = with_params(estimator, values)
+    for stage in stages(trial):
+        if stage.hasParam("runId") and stage.isSet("runId") and stage.getOrDefault("runId"):
+            stage.set(stage.getParam("runId"), f"{stage.getOrDefault('runId')}-trial-{number}")
+    return trial
+
+
 #: The column that marks the Tuner's validation rows where a trial's estimator takes them.
 VALIDATION_FLAG = "__sparkdist_tuner_validation"
 
@@ -163,7 +174,7 @@ def rerun_interrupted(study: Any) -> int:
 
 def _run_one(study: Any, trial: Any, run: TrialRun) -> None:
     start = time.monotonic()
-    estimator = with_params(run.estimator, trial.params)
+    estimator = for_trial(run.estimator, trial.params, trial.number)
     slots = run.slots(estimator)
     pruning = _Pruning(trial, run)
     try:

@@ -75,7 +75,8 @@ def test_a_pruned_fit_is_cancelled_and_frees_its_slots(spark, small, tmp_path):
 
 def test_a_trial_whose_rank_is_killed_fails_and_the_study_goes_on(small, tmp_path):
     net = failpoints.arm(TorchEstimator(numWorkers=2, epochs=3, progress=False, batchSize=64,
-                                        maxRetries=0),
+                                        maxRetries=0, checkpointDir=str(tmp_path / "ckpt"),
+                                        runId="churn"),
                          str(tmp_path), rank=1, epoch=2, action="kill")
     try:
         model = Tuner(estimator=net, evaluator="accuracy", numTrials=2, parallelism=1,
@@ -86,6 +87,9 @@ def test_a_trial_whose_rank_is_killed_fails_and_the_study_goes_on(small, tmp_pat
     assert [r.state for r in rows] == ["FAIL", "COMPLETE"], rows
     assert re.search(r"gave up|failed on the executors", rows[0].error), rows[0].error
     assert os.path.exists(tmp_path / "fired-1.pid")
+    # each trial checkpointed its own run: the second did not resume the killed one's
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["churn-trial-0",
+                                                                     "churn-trial-1"]
 
 
 DRIVER = textwrap.dedent('''
