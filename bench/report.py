@@ -34,7 +34,7 @@ RESULTS = BENCH / "results"
 LATEST = RESULTS / "latest.json"
 PAGE = REPO / "docs" / "performance.md"
 SCRIPTS = ("split_assembly", "classical", "deep", "parallel", "communication", "quantization",
-           "daemon_memory", "inputs", "finetune", "keras_estimator", "scoring")
+           "daemon_memory", "inputs", "finetune", "keras_estimator", "scoring", "tuning")
 #: A run is noise, not a result, where the 1-minute load average exceeded this before it
 #: started (or, for a result without per-process figures, at any sample) ...
 NOISY_LOAD = 1.5
@@ -203,7 +203,8 @@ def table(figures: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
                           ("quantization", _quantization_rows),
                           ("daemon_memory", _daemon_rows), ("inputs", _inputs_rows),
                           ("finetune", _finetune_rows),
-                          ("keras_estimator", _keras_rows), ("scoring", _scoring_rows)):
+                          ("keras_estimator", _keras_rows), ("scoring", _scoring_rows),
+                          ("tuning", _tuning_rows)):
         if name not in figures:
             continue
 
@@ -428,6 +429,39 @@ def _scoring_rows(f: dict[str, Any], row: Any) -> None:
         udf["ratio_to_target"], "<= 1.0", "bytes", udf["definition"])
 
 
+def _tuning_rows(f: dict[str, Any], row: Any) -> None:
+    """bench/tuning.py: Tuner against TrainValidationSplit over the same configurations, 2-worker
+    trials queueing on 2 task slots, and the seconds a pruned fit takes to stop."""
+    s = f["search"]
+    what = (f"Tuner ({s['trials']} trials, TPE, asha) vs TrainValidationSplit (all "
+            f"{s['configurations']} configurations), digits MLP, parallelism 2")
+    kinds = [(kind, s[kind]) for kind in ("cold", "warm") if s.get(kind)]
+    for kind, side in kinds:
+        row(f"{what}: seconds, {kind}", side["sparkdist_s"], side["reference_s"],
+            side["ratio"], s["target"], "s", s["definition"])
+    for kind, side in kinds:
+        row(f"{what}: best validation accuracy, points below the reference's, {kind} (test "
+            f"accuracy {side['sparkdist_test_accuracy']} vs {side['reference_test_accuracy']})",
+            side["sparkdist_best_validation_accuracy"],
+            side["reference_best_validation_accuracy"], side["accuracy_gap_points"],
+            s["accuracy_target"], "accuracy", s["definition"])
+    q = f["queueing"]
+    trials = ", ".join(f"{n} {state}" for state, n in q["trials"].items()) or "none"
+    row(f"Tuner, 2-worker trials at parallelism 3 on 2 task slots: studies finished of "
+        f"{q['studies']} (reference: all; trials {trials}; median {q['median_study_s']} s a "
+        f"study)", q["finished"], q["studies"], q["finished_share"], q["target"], "studies",
+        q["definition"])
+    p = f["pruning"]
+    if p.get("median_prune_s") is not None:  # else no trial was pruned during its fit: the
+        # result's pruning figures say how many were pruned and whether pruneSeconds existed
+        row(f"Tuner pruning during a fit: seconds from the decision to the pruned fit's tasks "
+            f"ended, median of {p['pruned_during_fit']} pruned trials (reference: the target "
+            f"{p['target_s']} s; max {p['max_prune_s']} s; median "
+            f"{p['median_pruned_epochs']} of {p['epochs_budget']} epochs reported)",
+            p["median_prune_s"], p["target_s"], p["ratio_to_target"], "<= 1.0", "s",
+            p["definition"])
+
+
 def _deep_rows(f: dict[str, Any], row: Any) -> None:
     """bench/deep.py's figures; one whose ratio could not be measured is left out."""
     def ok(key: str) -> dict | None:
@@ -580,8 +614,10 @@ def chart(rows: list[dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    # accuracy and AUC rows compare to a target by a difference or a level, not a ratio
-    shown = [r for r in rows if r["unit"] not in ("accuracy", "AUC", "syncs", "difference")
+    # accuracy and AUC rows compare to a target by a difference or a level, not a ratio, and
+    # a studies row is the share of studies that finished
+    shown = [r for r in rows if r["unit"] not in ("accuracy", "AUC", "syncs", "difference",
+                                                  "studies")
              and isinstance(r["ratio"], (int, float)) and r["ratio"] > 0][::-1]
     fig, ax = plt.subplots(figsize=(12, 0.55 * len(shown) + 2))
     for y, r in enumerate(shown):
