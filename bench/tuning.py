@@ -49,7 +49,6 @@ import argparse
 import contextlib
 import itertools
 import os
-import platform
 import statistics
 import sys
 import threading
@@ -471,10 +470,9 @@ def run(sizes: Sizes, log: Callable[[str], None]) -> dict[str, Any]:
 def machine(spark: Any) -> str:
     import optuna
     import torch
+    from _common import machine as where
 
-    return (f"{os.cpu_count()} cores, Python {platform.python_version()}, Spark {spark.version}, "
-            f"torch {torch.__version__}, optuna {optuna.__version__}, "
-            f"master {spark.sparkContext.master}")
+    return f"{where(spark)}, torch {torch.__version__}, optuna {optuna.__version__}"
 
 
 def log_line(message: str) -> None:

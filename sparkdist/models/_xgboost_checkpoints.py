@@ -39,6 +39,13 @@ Chunk boundaries are the multiples of ``checkpointEvery`` (and ``n_estimators``)
 the history of failures and re-runs, so a resumed fit rebuilds exactly the same chunks. Without
 row or column sampling the result is the same booster as one uninterrupted fit.
 
+With validation rows, each chunk's per-round validation values (:func:`round_records`) make
+the fit's history, rounds numbered from the start of the whole fit. A fit run under an
+observer (:mod:`sparkdist.launch.observe`: a Tuner's pruner) passes it each round's record
+once a chunk has succeeded; when it says stop, the chunk's checkpoint is saved and the fit
+raises :class:`~sparkdist.exceptions.FitStopped` (the chunk's barrier job has ended: its
+slots are free at once).
+
 This module imports xgboost: import it only inside a fit.
 
 Examples
@@ -48,9 +55,11 @@ Examples
 >>> plan = ChunkPlan(location=f"{tmp}/run-1", run_id="run-1", rounds=4, every=2, keep=3,
 ...                  max_retries=3)
 >>> new_inner = partial(SparkXGBClassifier, label_col="cancelled_within_week", num_workers=1)
->>> raw, summary = fit_in_chunks(new_inner, assembled_train, plan)
+>>> raw, summary, history = fit_in_chunks(new_inner, assembled_train, plan)
 >>> summary
 {'run_id': 'run-1', 'checkpoint_dir': '.../run-1', 'resumed_from_round': None, 'retries': 0}
+>>> history  # per-round validation values: none without validation rows
+[]
 >>> Checkpoints(plan.location, keep=3).latest()[0]  # rounds done at the newest checkpoint
 4
 """
@@ -74,7 +83,8 @@ from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame
 
 from sparkdist import _internals, failpoints
-from sparkdist.exceptions import ParamError, TrainingError
+from sparkdist.exceptions import FitStopped, ParamError, TrainingError
+from sparkdist.launch import observe
 from sparkdist.launch.barrier import worker_message
 from sparkdist.launch.elastic import ElasticPlan
 from sparkdist.launch.preflight import live_slots
@@ -141,7 +151,8 @@ def chunk_end(done: int, rounds: int, every: int) -> int:
 
 
 def fit_in_chunks(new_inner: Callable[[], Any], dataset: DataFrame, plan: ChunkPlan,
-                  failpoint: failpoints.Failpoint | None = None) -> tuple[bytes, dict[str, Any]]:
+                  failpoint: failpoints.Failpoint | None = None
+                  ) -> tuple[bytes, dict[str, Any], list[dict[str, Any]]]:
     """Boost ``plan.rounds`` rounds in checkpointed chunks, resuming and retrying as needed.
 
     Parameters
@@ -153,16 +164,25 @@ def fit_in_chunks(new_inner: Callable[[], Any], dataset: DataFrame, plan: ChunkP
 
     Returns
     -------
-    The final booster as UBJSON, and a summary: run_id, checkpoint_dir,
-    resumed_from_round (rounds taken from an earlier fit's checkpoint, or None) and retries.
+    The final booster as UBJSON; a summary: run_id, checkpoint_dir, resumed_from_round
+    (rounds taken from an earlier fit's checkpoint, or None) and retries; and the history:
+    one record per round this fit boosted (:func:`round_records`), [] without validation rows.
 
     Raises
     ------
     TrainingError
         When more than ``plan.max_retries`` chunks failed, with the last failure's cause.
+    FitStopped
+        When this thread's observer (:func:`sparkdist.launch.observe.current`) asked to stop,
+        after the checkpoint of the chunk that holds that round was saved.
     """
     store = Checkpoints(plan.location, plan.keep)
     done, raw = _resume(store, plan)
+    reporter = _Reporter(observe.current())
+    # Per round, numbered from the start of the whole fit. Rounds resumed from an earlier
+    # fit's checkpoint have no record (their values were not kept): the history starts at the
+    # first round this fit boosted. A round boosted again after a retry replaces its record.
+    history: dict[int, dict[str, Any]] = {}
     summary: dict[str, Any] = {"run_id": plan.run_id, "checkpoint_dir": plan.location,
                                "resumed_from_round": done or None, "retries": 0}
     if plan.elastic is not None:
@@ -177,8 +197,8 @@ def fit_in_chunks(new_inner: Callable[[], Any], dataset: DataFrame, plan: ChunkP
             inner, workers = _chunk_inner(new_inner, dataset, plan, summary, failed)
             _note(plan, f"chunk of rounds {done + 1}-{end} on {workers} workers")
             try:
-                raw = _fit_chunk(inner, dataset, raw, done, end, failpoint, workers,
-                                 plan.elastic)
+                raw, records = _fit_chunk(inner, dataset, raw, done, end, failpoint, workers,
+                                          plan.elastic)
             except _ChunkFailed as err:
                 _note(plan, f"chunk of rounds {done + 1}-{end} failed")
                 summary["retries"] += 1
@@ -191,12 +211,75 @@ def fit_in_chunks(new_inner: Callable[[], Any], dataset: DataFrame, plan: ChunkP
             _note(plan, f"{end} rounds done")
             _LOG.info("XGBoost run %s: %d of %d rounds done (checkpoint saved)", plan.run_id,
                       end, plan.rounds)
+            history.update((record["epoch"], record) for record in records)
             done = end
+            stop = reporter.stop_round(records)
+            if stop is not None:
+                _note(plan, f"stopped by its observer after round {stop}")
+                raise FitStopped(f"XGBoost run {plan.run_id!r}: stopped by its observer after "
+                                 f"round {stop} (its checkpoint after round {end} stays in "
+                                 f"{plan.location})", epoch=stop, free_seconds=0.0)
     finally:
         if cache:
             dataset.unpersist()
     assert raw is not None  # rounds >= 1 (check_chunkable)
-    return raw, summary
+    return raw, summary, [history[n] for n in sorted(history)]
+
+
+def round_records(training_summary: Any, first_round: int = 0) -> list[dict[str, Any]]:
+    """One record per boosting round of an ``xgboost.spark`` fit with validation rows, from
+    its model's ``training_summary``: ``epoch`` (``first_round`` + 1, ...), ``loss`` and each
+    training metric by xgboost's name, ``val_loss`` and ``val_<name>`` for each validation
+    metric (``val_loss``: the first metric's value); [] without validation rows.
+
+    >>> from xgboost.spark.summary import XGBoostTrainingSummary
+    >>> round_records(XGBoostTrainingSummary({"logloss": [0.6, 0.5]},
+    ...                                      {"logloss": [0.65, 0.58]}), first_round=4)[-1]
+    {'epoch': 6, 'loss': 0.5, 'logloss': 0.5, 'val_loss': 0.58, 'val_logloss': 0.58}
+    """
+    validation = dict(getattr(training_summary, "validation_objective_history", None) or {})
+    if not validation:
+        return []
+    training = dict(getattr(training_summary, "train_objective_history", None) or {})
+    records = []
+    for index in range(max(len(values) for values in validation.values())):
+        record: dict[str, Any] = {"epoch": first_round + index + 1}
+        for prefix, metrics in (("", training), ("val_", validation)):
+            values = {name: float(series[index]) for name, series in metrics.items()
+                      if index < len(series)}
+            if values:
+                record[f"{prefix}loss"] = next(iter(values.values()))
+                record.update((f"{prefix}{name}", value) for name, value in values.items())
+        records.append(record)
+    return records
+
+
+class _Reporter:
+    """A checkpointed fit's rounds for this thread's observer, each round once and in order
+    (rounds boosted again after a retry were reported already). An observer that raises is
+    logged and ignored, as :class:`sparkdist.launch.observe.Stopper` does: watching must not
+    fail the fit."""
+
+    def __init__(self, observer: observe.Observer | None) -> None:
+        self.observer, self.reported = observer, 0
+
+    def stop_round(self, records: list[dict[str, Any]]) -> int | None:
+        """Report ``records``; the round after which the observer asked to stop, or None."""
+        if self.observer is None:
+            return None
+        for record in records:
+            if record["epoch"] <= self.reported:
+                continue
+            self.reported = record["epoch"]
+            try:
+                stop = self.observer(dict(record))
+            except Exception as err:
+                _LOG.warning("the fit's observer failed on %s (%s); the fit goes on", record,
+                             err)
+                continue
+            if stop:
+                return int(record["epoch"])
+        return None
 
 
 def _note(plan: ChunkPlan, what: str) -> None:
@@ -259,10 +342,11 @@ def _resume(store: Checkpoints, plan: ChunkPlan) -> tuple[int, bytes | None]:
 
 def _fit_chunk(inner: Any, dataset: DataFrame, raw: bytes | None, done: int, end: int,
                failpoint: failpoints.Failpoint | None, workers: int | None = None,
-               elastic: ElasticPlan | None = None) -> bytes:
-    """Boost rounds ``done+1..end`` on top of ``raw`` (None: from scratch); the new booster.
-    Raises _ChunkFailed when a Spark job of the chunk fails, or (``workers`` given: an
-    elastic fit) when the task slots drop below ``workers`` while it runs."""
+               elastic: ElasticPlan | None = None) -> tuple[bytes, list[dict[str, Any]]]:
+    """Boost rounds ``done+1..end`` on top of ``raw`` (None: from scratch); the new booster
+    and its rounds' records (:func:`round_records`). Raises _ChunkFailed when a Spark job
+    of the chunk fails, or (``workers`` given: an elastic fit) when the task slots drop below
+    ``workers`` while it runs."""
     inner._set(n_estimators=end - done)
     if raw is not None:
         inner._set(xgb_model=_load(raw))
@@ -280,7 +364,8 @@ def _fit_chunk(inner: Any, dataset: DataFrame, raw: bytes | None, done: int, end
                                    f"{workers} workers (an executor is gone); its job was "
                                    "cancelled") from err
             raise _ChunkFailed(_root_cause(sc, group, err)) from err
-    return bytes(fitted.get_booster().save_raw(BOOSTER_FORMAT))
+    return (bytes(fitted.get_booster().save_raw(BOOSTER_FORMAT)),
+            round_records(getattr(fitted, "training_summary", None), done))
 
 
 def _load(raw: bytes) -> Any:

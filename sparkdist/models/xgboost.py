@@ -20,6 +20,13 @@ the default ``resume='auto'`` trains again from scratch (see ``HasRecovery``). W
 ``early_stopping_rounds`` cannot be combined with checkpoints (the count would restart in every
 chunk), and ``callbacks`` see each chunk as its own training (``epoch`` restarts at 0).
 
+With validation rows (``validationIndicatorCol``) the model's ``history`` has one record per
+boosting round: ``val_<metric>`` for each eval metric (xgboost's names: ``val_logloss``,
+``val_rmse``, ``val_auc``, ...), ``val_loss`` (the first metric's), and the training metrics
+by name. A :class:`sparkdist.tuning.Tuner`'s pruner judges those values after a plain fit; a
+checkpointed fit passes them to it after each chunk, and stops (raising FitStopped) when it
+prunes the trial.
+
 A fitted model saves its booster as UBJSON (xgboost's native format) and its Params as JSON;
 loading parses exactly those two and never unpickles: ``xgboost.spark``'s own reader, which
 unpickles a callbacks field, is never called. xgboost is imported on first fit/transform/load,
@@ -153,7 +160,11 @@ class _XGBoostEstimator(Estimator, XGBoostFitParams, HasRecovery, HasElastic,
         classes = stats["classes"] if self._counts_classes else None
         make = partial(self._xgboost_estimator, self._repartition(dataset, stats), classes)
         if location is None:
-            model = self._model_class(self._fit_once(dataset, make))
+            from sparkdist.models._xgboost_checkpoints import round_records
+
+            inner = self._fit_once(dataset, make)
+            model = self._model_class(inner, history=round_records(
+                getattr(inner, "training_summary", None)))
         else:
             model = self._fit_checkpointed(dataset, location, run_id, stats, make)
         self._copyValues(model)
@@ -189,11 +200,12 @@ class _XGBoostEstimator(Estimator, XGBoostFitParams, HasRecovery, HasElastic,
         fingerprint = {**self._trajectory_values(),
                        **data_identity(dataset.select(*self._data_columns()).schema, stats)}
         with self.guarded_run(location, run_id, fingerprint, "n_estimators") as run:
-            raw, summary = chunks.fit_in_chunks(make, dataset, plan,
-                                                failpoints.armed(self))
+            raw, summary, history = chunks.fit_in_chunks(make, dataset, plan,
+                                                         failpoints.armed(self))
             assert run is not None
             run.complete(plan.rounds)
-        return self._model_class(self._model_class._wrap_booster(raw, location), summary)
+        return self._model_class(self._model_class._wrap_booster(raw, location), summary,
+                                 history)
 
     def _data_columns(self) -> list[str]:
         """The input columns the fit reads."""
@@ -385,10 +397,12 @@ class _XGBoostModel(Model, PersistentModel):
     _xgb_model: ClassVar[str]  # class name in xgboost.spark
     _xgb_sklearn: ClassVar[str]  # class name in xgboost
 
-    def __init__(self, inner: Any = None, summary: dict[str, Any] | None = None) -> None:
+    def __init__(self, inner: Any = None, summary: dict[str, Any] | None = None,
+                 history: list[dict[str, Any]] | None = None) -> None:
         super().__init__()
         self._inner = inner
         self._summary = summary or {}
+        self._history = list(history or [])
 
     @property
     def trainingSummary(self) -> dict[str, Any]:  # noqa: N802 (the name TorchModel uses)
@@ -398,6 +412,21 @@ class _XGBoostModel(Model, PersistentModel):
         ``[3, 2]`` where a lost executor left 2 slots and minWorkers allowed 2). Empty for a
         fit without checkpointDir and for a loaded model."""
         return dict(self._summary)
+
+    @property
+    def history(self) -> list[dict[str, Any]]:
+        """One record per boosting round of a fit with validation rows
+        (``validationIndicatorCol``): ``epoch`` (the round, 1-based), ``val_<name>`` for each
+        eval metric (xgboost's names: ``val_logloss``, ``val_rmse``, ``val_auc``, ...),
+        ``val_loss`` (the first metric's value), and the training metrics by name (``loss``:
+        the first). Empty without validation rows. A checkpointed fit that resumed an
+        earlier fit's checkpoint has records from the first round it boosted itself. Saved
+        with the model.
+
+        >>> model.history[0]  # doctest: +SKIP
+        {'epoch': 1, 'loss': 0.58..., 'logloss': 0.58..., 'val_loss': 0.59..., 'val_logloss': ...}
+        """
+        return [dict(record) for record in self._history]
 
     @property
     def xgboost_model(self) -> Any:
@@ -428,7 +457,7 @@ class _XGBoostModel(Model, PersistentModel):
         import xgboost
 
         return {"boosterFile": BOOSTER_FILE, "boosterFormat": BOOSTER_FORMAT,
-                "xgboostVersion": xgboost.__version__}
+                "xgboostVersion": xgboost.__version__, "history": self._history}
 
     @classmethod
     def _from_state(cls, state: dict[str, Any], path: str) -> _XGBoostModel:
@@ -436,7 +465,8 @@ class _XGBoostModel(Model, PersistentModel):
             raise ModelLoadError(f"'{path}': unsupported booster format in metadata "
                                  f"({state!r}); sparkdist writes '{BOOSTER_FORMAT}' only.")
         raw = _read_bytes(f"{path.rstrip('/')}/{BOOSTER_FILE}")
-        return cls(cls._wrap_booster(raw, path))
+        # a model saved before histories were kept has none
+        return cls(cls._wrap_booster(raw, path), history=_history(state.get("history", []), path))
 
     @classmethod
     def _wrap_booster(cls, raw: bytes, path: str) -> Any:
@@ -494,7 +524,20 @@ XGBoostClassifier._model_class = XGBoostClassificationModel
 XGBoostRegressor._model_class = XGBoostRegressionModel
 
 
-# -- booster files ---------------------------------------------------------------------------
+# -- saved histories and booster files -------------------------------------------------------
+def _history(value: Any, path: str) -> list[dict[str, Any]]:
+    """A saved history, checked: a list of records mapping names to numbers."""
+    def is_record(record: Any) -> bool:
+        return isinstance(record, dict) and all(
+            isinstance(name, str) and isinstance(number, (int, float))
+            and not isinstance(number, bool) for name, number in record.items())
+
+    if isinstance(value, list) and all(is_record(record) for record in value):
+        return value
+    raise ModelLoadError(f"'{path}': its history is not a list of per-round records of "
+                         "numbers; the metadata was edited or damaged. Save the model again.")
+
+
 def _read_bytes(path: str) -> bytes:
     try:
         return store.read_bytes(path)
