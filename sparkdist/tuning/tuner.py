@@ -227,8 +227,9 @@ class Tuner(Estimator, _TunerParams, ParamsPersistence, _TunerAccessors):
         def score(model: Any, df: DataFrame) -> float:
             from sparkdist.evaluation import evaluate, final_stage, task_of
 
-            metrics = evaluate(model, df)
+            metrics = evaluate(model, df, metrics=[metric])
             if metric not in metrics:
+                metrics = evaluate(model, df)  # to name the metrics the task gives
                 raise ParamError(
                     f"evaluator={metric!r} does not match the model's task "
                     f"'{task_of(final_stage(model))}': it gives {sorted(metrics)}; choose one "

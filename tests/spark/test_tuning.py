@@ -256,3 +256,15 @@ def test_barrier_fits_hold_their_slots_in_the_gate(spark):
     assert slots_of(LogisticRegression(solver="auto"), 8, 2) == 2
     assert slots_of(LogisticRegression(solver="allreduce"), 1, 2) == 1
     assert slots_of(_lr(), 8, 2) == 0
+
+
+def test_one_metric_is_scored_alone_and_equals_the_full_evaluation(assembled):
+    from sparkdist.evaluation import evaluate
+
+    model = _lr().fit(assembled)
+    full = evaluate(model, assembled)
+    alone = evaluate(model, assembled, metrics=["auc"])  # not cached: summed in another order
+    assert list(alone) == ["auc"] and alone["auc"] == pytest.approx(full["auc"], abs=1e-12)
+    # a name the task does not have is left out
+    f1 = evaluate(model, assembled, metrics=["f1", "rmse"])
+    assert list(f1) == ["f1"] and f1["f1"] == pytest.approx(full["f1"], abs=1e-12)
