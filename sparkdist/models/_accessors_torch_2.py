@@ -91,6 +91,10 @@ class _TorchEstimatorOwn(Params):
         """Gets the value of :py:attr:`learningRate` or its default value."""
         return self.getOrDefault("learningRate")
 
+    def getLearningRateScaling(self) -> str:
+        """Gets the value of :py:attr:`learningRateScaling` or its default value."""
+        return self.getOrDefault("learningRateScaling")
+
     def getMaxRetries(self) -> int:
         """Gets the value of :py:attr:`maxRetries` or its default value."""
         return self.getOrDefault("maxRetries")
@@ -182,6 +186,10 @@ class _TorchEstimatorOwn(Params):
     def getValidationFraction(self) -> float:
         """Gets the value of :py:attr:`validationFraction` or its default value."""
         return self.getOrDefault("validationFraction")
+
+    def getWarmupSteps(self) -> int:
+        """Gets the value of :py:attr:`warmupSteps` or its default value."""
+        return self.getOrDefault("warmupSteps")
 
     def getWeightCol(self) -> str:
         """Gets the value of :py:attr:`weightCol` or its default value."""
@@ -285,6 +293,12 @@ class _TorchEstimatorOwn(Params):
     def setLearningRate(self: _S, value: float) -> _S:
         """Sets the value of :py:attr:`learningRate`: learning rate, > 0."""
         return self._set(learningRate=value)
+
+    def setLearningRateScaling(self: _S, value: str) -> _S:
+        """Sets the value of :py:attr:`learningRateScaling`: the learning rate used with numWorkers
+        = k workers (a step averages batchSize x k rows): 'none' (learningRate as given), 'linear'
+        (learningRate x k) or 'sqrt' (learningRate x sqrt(k))."""
+        return self._set(learningRateScaling=value)
 
     def setMaxRetries(self: _S, value: int) -> _S:
         """Sets the value of :py:attr:`maxRetries`: retries of a failed training stage, >= 0."""
@@ -414,6 +428,12 @@ class _TorchEstimatorOwn(Params):
         whether each row is for training or for validation. False indicates training; true indicates
         validation."""
         return self._set(validationIndicatorCol=value)
+
+    def setWarmupSteps(self: _S, value: int) -> _S:
+        """Sets the value of :py:attr:`warmupSteps`: steps (counted across epochs) over which the
+        learning rate ramps linearly from learningRate to the rate learningRateScaling scales it to,
+        >= 0; 0: the scaled rate from the first step."""
+        return self._set(warmupSteps=value)
 
     def setWeightCol(self: _S, value: str) -> _S:
         """Sets the value of :py:attr:`weightCol`: a column of row weights >= 0: each row's loss is

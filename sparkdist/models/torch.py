@@ -38,7 +38,7 @@ Examples
 >>> model = pipeline.fit(train)
 >>> history = model.stages[-1].history  # one record per epoch
 >>> len(history), sorted(history[-1])
-(2, ['epoch', 'epochs', 'loss', 'seconds'])
+(2, ['epoch', 'epochs', 'loss', 'lr', 'seconds'])
 """
 
 from __future__ import annotations
@@ -149,9 +149,12 @@ class TorchEstimator(_TorchEstimatorInit, Estimator, _TorchParams, HasOptimizati
     optimizer, learningRate, weightDecay : the torch.optim optimizer by name and its settings.
     batchSize : rows per worker per step, as in DistributedDataParallel and Horovod: a step
         averages the loss over ``batchSize x numWorkers`` rows (the global batch), so more
-        workers take fewer, larger steps per epoch. The learning rate is used as given, not
-        scaled with the workers; the linear scaling rule (``learningRate x numWorkers``) is
-        yours to apply.
+        workers take fewer, larger steps per epoch.
+    learningRateScaling, warmupSteps : the learning rate for those larger steps: 'none'
+        (default: learningRate as given), 'linear' (``learningRate x numWorkers``) or 'sqrt'
+        (``x sqrt(numWorkers)``), reached by a linear ramp from learningRate over the first
+        ``warmupSteps`` steps, counted across epochs (:mod:`sparkdist.torchtrain.schedule`).
+        Each epoch's history record holds ``lr``, the rate at its end.
     epochs : passes over the training rows.
     numWorkers : barrier tasks (data-parallel ranks); at most the cluster's task slots.
     backend : 'torch' (DistributedDataParallel, gloo/NCCL) or 'horovod'.
@@ -190,7 +193,7 @@ class TorchEstimator(_TorchEstimatorInit, Estimator, _TorchParams, HasOptimizati
     ...                      validationFraction=0.1)
     >>> model = est.fit(assembled_train)
     >>> sorted(model.history[-1])  # validation metrics from the held-out 10%
-    ['epoch', 'epochs', 'loss', 'seconds', 'val_accuracy', 'val_loss']
+    ['epoch', 'epochs', 'loss', 'lr', 'seconds', 'val_accuracy', 'val_loss']
     >>> model.transform(assembled_test).columns[-3:]
     ['prediction', 'rawPrediction', 'probability']
     """
@@ -312,8 +315,9 @@ class TorchEstimator(_TorchEstimatorInit, Estimator, _TorchParams, HasOptimizati
 
     def _fingerprint_params(self) -> dict[str, Any]:
         """The Params part of the fingerprint; validationIndicatorCol under its old name, and
-        without the typed-input Params where inputCols is not set, so runs checkpointed before
-        the rename and before typed inputs still resume."""
+        without the typed-input Params where inputCols is not set (the learning-rate scaling
+        ones where it is 'none'), so runs checkpointed before the rename and before typed
+        inputs (and the scaling) still resume."""
         values = self._trajectory_values()
         values["validationCol"] = values.pop("validationIndicatorCol", None)
         if not values.get("inputCols"):  # a features fit: as before typed inputs existed
@@ -322,6 +326,9 @@ class TorchEstimator(_TorchEstimatorInit, Estimator, _TorchParams, HasOptimizati
         for name in ("initialWeights", "freeze"):  # as before fine-tuning existed
             if not values.get(name):
                 values.pop(name, None)
+        if values.get("learningRateScaling") == "none":  # as before the scaling existed
+            values.pop("learningRateScaling")            # (warmupSteps is then 0)
+            values.pop("warmupSteps", None)
         if values.get("adapter") == "none":
             for name in ("adapter", "adapterRank", "adapterAlpha", "adapterDropout",
                          "adapterTargets"):

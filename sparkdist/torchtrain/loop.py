@@ -8,6 +8,11 @@ or empty partition gives small or empty batches, never a missing collective. Eac
 its summed loss by ``world_size / rows in this global step`` (every rank knows every rank's
 slice sizes from the row counts summed once at the start), so the averaged gradient is exactly
 the mean over the global batch: 1 worker at ``2 x batchSize`` takes the same steps as 2.
+
+Before each step the loop sets the step's learning rate (``learningRateScaling`` and
+``warmupSteps``: :mod:`sparkdist.torchtrain.schedule`) on the optimizer, whatever the strategy;
+steps are numbered across epochs (``epoch_start + step``), and the count is checkpointed, so a
+resumed warm-up continues at its step. Each epoch's record holds ``lr``, the rate at its end.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from sparkdist import hooks
 from sparkdist.exceptions import TrainingError
 from sparkdist.launch import gpus
-from sparkdist.torchtrain import finetune, resume
+from sparkdist.torchtrain import finetune, resume, schedule
 from sparkdist.torchtrain.clock import StepClock, peak_rss_mb, reset_peak_rss, tcp_bytes_sent
 from sparkdist.torchtrain.network import build_module, correct_count, loss_sum, task_of_loss
 from sparkdist.torchtrain.strategies import Strategy, make_strategy
@@ -124,6 +129,7 @@ class _Trainer:
         self.clock = StepClock()
         self.strategy: Strategy
         self.optimizer: Any = None
+        self.epoch_start = 0  # the fit's steps before this epoch's first (the rate's count)
 
     def run(self, train: SpilledRows, validation: SpilledRows,
             scan: PartitionScan) -> memoryview | None:
@@ -227,7 +233,7 @@ class _Trainer:
             return
         assert saved is not None  # rank 0's part says where every part is
         payload = resume.encode(epoch, step, saved, history, best, stopped, partial_loss,
-                                self.spec)
+                                self.spec, self.epoch_start + step)
         store.save(epoch, payload)
 
     def _epoch_checkpoint_due(self, epoch: int, stopped: bool) -> bool:
@@ -241,12 +247,17 @@ class _Trainer:
         if resumed.get("stopped"):
             return history, best
         first_step, partial_loss = resumed.get("step", 0), resumed.get("partial_loss", 0.0)
+        done = resumed.get("global_step")  # None: a checkpoint from before it was kept
+        self.epoch_start = (resumed.get("epoch", 0) * self.steps + first_step if done is None
+                            else done) - first_step
         for epoch in range(resumed.get("epoch", 0), epochs):
             started = time.perf_counter()
             loss = self._train_epoch(train, epoch, history, best, first_step, partial_loss)
             first_step, partial_loss = 0, 0.0
+            self.epoch_start += self.steps
             record = {"epoch": epoch + 1, "epochs": epochs, "loss": loss,
-                      "seconds": time.perf_counter() - started}
+                      "seconds": time.perf_counter() - started,
+                      "lr": float(self.optimizer.param_groups[0]["lr"])}
             if self.rows[1]:
                 record.update(self._validate(validation))
             history.append(record)
@@ -301,12 +312,16 @@ class _Trainer:
               target: Target) -> torch.Tensor | None:
         """One training step of the strategy; None for a step no rank has rows for (every
         rank skips it: none waits). Every step reseeds torch from (seed, epoch, step, rank),
-        so a resumed step draws what the uninterrupted one drew (dropout)."""
+        so a resumed step draws what the uninterrupted one drew (dropout), and takes the rate
+        of its number across epochs (with learningRateScaling)."""
         import torch
 
         if not self.global_sizes[step]:
             return None
-        torch.manual_seed(resume.step_seed(self.spec.optim.seed, epoch, step, self.context.rank))
+        optim = self.spec.optim
+        if optim.lr_scaling != "none":
+            schedule.apply(self.optimizer, optim.rate_at(self.epoch_start + step))
+        torch.manual_seed(resume.step_seed(optim.seed, epoch, step, self.context.rank))
         return self.strategy.train_step(self._arguments(features),
                                         target.scaled(self.weight_scale).to(self.device),
                                         self.context.world_size / float(self.global_sizes[step]),

@@ -39,12 +39,13 @@ from sparkdist.torchtrain.spec import (
 #: arithmetic (the device, scoring, waits, the progress bar).
 TRAJECTORY: dict[str, bool] = {
     **dict.fromkeys(("model", "modelKwargs", "loss", "batchSize", "optimizer", "learningRate",
-                     "weightDecay", "epochs", "earlyStoppingPatience", "validationIndicatorCol",
-                     "validationFraction", "nanPolicy", "numClasses", "seed", "backend",
-                     "syncEvery", "syncWarmupSteps", "maxStaleness", "gradientCompression",
-                     "powerSgdRank", "numWorkers", "inputCols", "inputShapes",
-                     "maxSequenceLength", "initialWeights", "freeze", "adapter", "adapterRank",
-                     "adapterAlpha", "adapterDropout", "adapterTargets"), True),
+                     "learningRateScaling", "warmupSteps", "weightDecay", "epochs",
+                     "earlyStoppingPatience", "validationIndicatorCol", "validationFraction",
+                     "nanPolicy", "numClasses", "seed", "backend", "syncEvery", "syncWarmupSteps",
+                     "maxStaleness", "gradientCompression", "powerSgdRank", "numWorkers",
+                     "inputCols", "inputShapes", "maxSequenceLength", "initialWeights", "freeze",
+                     "adapter", "adapterRank", "adapterAlpha", "adapterDropout",
+                     "adapterTargets"), True),
     # columns: the data identity of a resume covers what they read
     **dict.fromkeys(("labelCols", "weightCol"), False),
     **dict.fromkeys(("useGpu", "quantization", "timeoutSeconds", "rendezvousTimeoutSeconds",
@@ -217,14 +218,25 @@ class HasScoring(Params):
 
 
 class HasOptimization(HasSeed):
-    """optimizer, learningRate, weightDecay, epochs, earlyStoppingPatience and seed: what one
-    step does and how many there are (with batchSize)."""
+    """optimizer, learningRate, learningRateScaling, warmupSteps, weightDecay, epochs,
+    earlyStoppingPatience and seed: what one step does and how many there are (with batchSize;
+    the learning rate's scaling with numWorkers: :mod:`sparkdist.torchtrain.schedule`)."""
 
     optimizer: Param[str] = Param(Params._dummy(), "optimizer",
                                   f"one of {sorted(network.OPTIMIZERS)}",
                                   typeConverter=TypeConverters.toString)
     learningRate: Param[float] = Param(Params._dummy(), "learningRate", "learning rate, > 0",
                                        typeConverter=TypeConverters.toFloat)
+    learningRateScaling: Param[str] = Param(
+        Params._dummy(), "learningRateScaling",
+        "the learning rate used with numWorkers = k workers (a step averages batchSize x k "
+        "rows): 'none' (learningRate as given), 'linear' (learningRate x k) or 'sqrt' "
+        "(learningRate x sqrt(k))", typeConverter=TypeConverters.toString)
+    warmupSteps: Param[int] = Param(
+        Params._dummy(), "warmupSteps",
+        "steps (counted across epochs) over which the learning rate ramps linearly from "
+        "learningRate to the rate learningRateScaling scales it to, >= 0; 0: the scaled rate "
+        "from the first step", typeConverter=TypeConverters.toInt)
     weightDecay: Param[float] = Param(Params._dummy(), "weightDecay", "L2 penalty, >= 0",
                                       typeConverter=TypeConverters.toFloat)
     epochs: Param[int] = Param(Params._dummy(), "epochs", "passes over the data, >= 1",
@@ -236,12 +248,13 @@ class HasOptimization(HasSeed):
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
-        self._setDefault(optimizer="adam", learningRate=1e-3, weightDecay=0.0, epochs=10,
-                         earlyStoppingPatience=0,
+        self._setDefault(optimizer="adam", learningRate=1e-3, learningRateScaling="none",
+                         warmupSteps=0, weightDecay=0.0, epochs=10, earlyStoppingPatience=0,
                          seed=stable_seed(type(self).__name__))  # the same in every process
 
     def _optim_spec(self, validates: bool) -> OptimSpec:
-        """``validates``: whether the fit holds rows out (early stopping needs them)."""
+        """``validates``: whether the fit holds rows out (early stopping needs them). The
+        learning rate scales with the configured numWorkers (the global batch's)."""
         get = self.getOrDefault
         if get("earlyStoppingPatience") and not validates:
             raise ParamError("earlyStoppingPatience needs validation rows: set "
@@ -250,7 +263,8 @@ class HasOptimization(HasSeed):
         return OptimSpec(optimizer=name, learning_rate=rate, weight_decay=decay,
                          batch_size=get("batchSize"), epochs=get("epochs"),
                          seed=get("seed") % 2**31, patience=get("earlyStoppingPatience"),
-                         options=options)
+                         options=options, lr_scaling=get("learningRateScaling"),
+                         warmup_steps=get("warmupSteps"), lr_workers=get("numWorkers"))
 
     def _optimizer(self) -> tuple[str, float, float, tuple[tuple[str, Any], ...]]:
         """(torch.optim's optimizer by name, learning rate, weight decay, more keywords)."""

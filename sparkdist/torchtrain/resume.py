@@ -4,10 +4,11 @@ Rank 0 writes a checkpoint every ``CheckpointSpec.every`` epochs, and with ``eve
 also every that many steps within an epoch, into :class:`sparkdist.store.Checkpoints` (atomic,
 checksummed, the last K kept), numbered by the epochs completed. A checkpoint holds the
 weights, the optimizer state, the history, the best weights so far (early stopping), the epoch,
-the steps done in the next epoch and their summed loss. Randomness needs no saved state: every
-step reseeds torch from (seed, epoch, step, rank) and the feed shuffles from (seed, epoch), so
-a resumed step draws exactly what the uninterrupted one would have drawn, and a resumed fit
-ends with the same weights.
+the steps done in the next epoch and their summed loss, and the steps done in all (the
+learning rate's warm-up counts them: :mod:`sparkdist.torchtrain.schedule`). Randomness needs no
+saved state: every step reseeds torch from (seed, epoch, step, rank) and the feed shuffles from
+(seed, epoch), so a resumed step draws exactly what the uninterrupted one would have drawn, and
+a resumed fit ends with the same weights.
 """
 
 from __future__ import annotations
@@ -38,14 +39,17 @@ def fingerprint(spec: TrainSpec) -> dict[str, Any]:
 
 
 def encode(epoch: int, step: int, training_state: dict[str, Any], history: list[dict],
-           best: dict | None, stopped: bool, partial_loss: float, spec: TrainSpec) -> bytes:
+           best: dict | None, stopped: bool, partial_loss: float, spec: TrainSpec,
+           global_step: int) -> bytes:
     """The state after ``epoch`` epochs and ``step`` steps of the next (whose summed loss
-    over all ranks is ``partial_loss``), as bytes ``torch.load(weights_only=True)`` reads.
+    over all ranks is ``partial_loss``; ``global_step`` steps in all, across epochs and
+    worker counts), as bytes ``torch.load(weights_only=True)`` reads.
     ``training_state`` is the strategy's model and optimizer state (or where its shards are:
     :meth:`sparkdist.torchtrain.strategies.Strategy.save_training_state`)."""
     import torch
 
-    state = {"epoch": epoch, "step": step, "partial_loss": partial_loss,
+    state = {"epoch": epoch, "step": step, "global_step": global_step,
+             "partial_loss": partial_loss,
              "training_state": training_state, "history": history,
              "best": best and {**best, "state": _cpu(best["state"])}, "stopped": stopped,
              "fingerprint": fingerprint(spec)}
@@ -55,7 +59,8 @@ def encode(epoch: int, step: int, training_state: dict[str, Any], history: list[
 
 
 def decode(payload: bytes, spec: TrainSpec, where: str) -> dict[str, Any]:
-    """A checkpoint's state; refuses one written for another model or loss."""
+    """A checkpoint's state; refuses one written for another model or loss. One written
+    before the step count was kept has ``global_step`` None (the loop derives it)."""
     import torch
 
     state = torch.load(io.BytesIO(payload), weights_only=True, map_location="cpu")
@@ -66,7 +71,7 @@ def decode(payload: bytes, spec: TrainSpec, where: str) -> dict[str, Any]:
     if "training_state" not in state:  # written before strategies: whole-model state dicts
         state["training_state"] = {"model": state.pop("model"),
                                    "optimizer": state.pop("optimizer")}
-    return {"step": 0, "partial_loss": 0.0, **state}
+    return {"step": 0, "partial_loss": 0.0, "global_step": None, **state}
 
 
 def _cpu(state_dict: dict[str, Any]) -> dict[str, Any]:

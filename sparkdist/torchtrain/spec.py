@@ -22,6 +22,7 @@ from typing import Any
 
 from sparkdist.columns import check_one_of, check_timeout
 from sparkdist.exceptions import ParamError
+from sparkdist.torchtrain import schedule
 
 USE_GPU = ("auto", True, False)
 NAN_POLICIES = ("error", "drop")
@@ -117,14 +118,28 @@ class OptimSpec:
     seed: int
     patience: int  # early stopping: epochs without a better validation loss; 0 off
     options: tuple[tuple[str, Any], ...] = ()  # more torch.optim keywords (Keras' settings)
+    lr_scaling: str = "none"  # learningRateScaling: 'none', 'linear' or 'sqrt'
+    warmup_steps: int = 0  # steps of the ramp from learning_rate to the scaled rate
+    lr_workers: int = 1  # the k of the scaling: the configured numWorkers (kept by for_world)
 
     def __post_init__(self) -> None:
-        _at_least(1, batchSize=self.batch_size, epochs=self.epochs)
-        _at_least(0, earlyStoppingPatience=self.patience)
+        _at_least(1, batchSize=self.batch_size, epochs=self.epochs, numWorkers=self.lr_workers)
+        _at_least(0, earlyStoppingPatience=self.patience, warmupSteps=self.warmup_steps)
         if not 0 < self.learning_rate < math.inf:
             raise ParamError(f"learningRate={self.learning_rate}: use a positive number.")
         if not 0 <= self.weight_decay < math.inf:
             raise ParamError(f"weightDecay={self.weight_decay}: use a number >= 0.")
+        check_one_of("learningRateScaling", self.lr_scaling, schedule.SCALINGS)
+        if self.warmup_steps and self.lr_scaling == "none":
+            raise ParamError(f"warmupSteps={self.warmup_steps} ramps the learning rate up to "
+                             f"the rate learningRateScaling scales it to, and "
+                             f"learningRateScaling='none' does not scale it: set "
+                             f"learningRateScaling='linear' or 'sqrt', or warmupSteps=0.")
+
+    def rate_at(self, step: int) -> float:
+        """The learning rate of the fit's step ``step`` (counted across epochs from 0)."""
+        return schedule.rate_at(self.learning_rate, self.lr_scaling, self.lr_workers,
+                                self.warmup_steps, step)
 
 
 @dataclass(frozen=True)
