@@ -16,6 +16,28 @@ side, the sides alternating (A B A B A B). Each figure carries its definition in
 - recovery: extra wall time of a fit whose worker is SIGKILLed mid-epoch, against one cold
   1-step fit plus one checkpoint interval (<= 1.0).
 - barrier_syncs: Spark barrier syncs per fit, from Spark's BarrierCoordinator log lines.
+- ddp_reference (issue 32): samples/s of the scaling figure's 2-worker fit at the defaults
+  (MLP hidden [256, 256] on 64 vector features, ``--scaling-rows`` rows, ``--scaling-epochs``
+  epochs, the default batchSize per worker, optimizer, learningRate and loss) over samples/s
+  of plain torch DDP doing the same outside Spark (bench/ddp_reference.py: ``torchrun
+  --standalone --nproc_per_node=2``, gloo, ``torch.set_num_threads(1)`` per rank, each rank
+  its half of the rows in memory as tensors, the same steps per epoch), both timed by wall
+  clock on the driver around the whole call (torchrun's process start included), the sides
+  alternating (bench/_common.py ``cold_and_warm``): cold = each side's first call in the
+  section, warm = the median of ``--repeats`` calls after it (target >= 0.9 for both). Beside
+  them DDP's steady samples/s: rows x epochs over the slowest rank's seconds between a
+  barrier before its first step and one after its last (no process start, rendezvous, data
+  or model building), and sparkdist's over the sum of its epochs' seconds.
+- allreduce (issue 32): on 2 gloo ranks outside Spark (bench/allreduce.py, torchrun), the
+  median ms of one ``dist.all_reduce`` of float32 tensors of 1 element, of the scaling
+  model's gradient (82,689 floats, 331 KB) and of 4x it, ``--allreduce-calls`` back-to-back
+  calls after 20 untimed, each rank with 1 and then 2 torch threads; and, over half as many
+  steps (at least 20), the same model's step (batch 256 per rank) without DDP, with DDP, and
+  with DDP plus a bucket-ready hook like sparkdist's StepClock, whose wait (bucket ready to
+  backward's return: what TorchEstimator's ranks report as communication) is split into
+  waiting for the other rank and the rest, and a bare all-reduce of the gradient's size after
+  each step's computation; against them the ddp_reference fits' communication ms per step
+  from their ranks (bench/allreduce.py's docstring defines each figure).
 
 The executors' output reaches this process's stdout/stderr through the JVM, so they are
 captured into a file before the SparkSession starts (for the sync count); progress goes to
@@ -57,6 +79,10 @@ SPARK_CONF = {"spark.sql.shuffle.partitions": "2"}
 PROTOCOL = ("wall clock on the driver around the whole call; median of {n} per side after one "
             "untimed warm-up of each side; the sides alternate")
 STEP_MODEL = {"features": 64, "hidden": [512, 512], "batch_size": 256, "workers": 2}
+SCALING_MODEL = {"features": 64, "hidden": [256, 256]}  # scaling's and ddp_reference's MLP
+#: learningRateScaling's factor for k workers (sparkdist.torchtrain.schedule's rule)
+LR_SCALINGS: dict[str, Callable[[int], float]] = {"none": lambda k: 1.0, "linear": float,
+                                                  "sqrt": lambda k: float(k) ** 0.5}
 
 
 # ---------------------------------------------------------------------------- measuring
@@ -327,7 +353,7 @@ def memory(small: Any, rows: int, large_models: list[Any]) -> dict:
 def speedup(capture: Capture, frames: dict[int, Any], rows: int, epochs: int, repeats: int,
             **settings: Any) -> dict:
     """samples/s of 2 workers over 1 for the given settings (defaults for the rest)."""
-    hidden = [256, 256]
+    hidden = SCALING_MODEL["hidden"]
     fits = {f"workers_{n}": (lambda n=n: estimator(  # type: ignore[misc]
         modelKwargs={"hidden": hidden}, epochs=epochs, numWorkers=n, **settings).fit(frames[n]))
         for n in (1, 2)}
@@ -413,6 +439,123 @@ def machine_ceiling(input_dim: int, hidden: list[int], batch: int, steps: int) -
         two = max(pool.map(local_steps, *zip(*[(input_dim, hidden, batch, steps)] * 2)))
     return {"ratio": round(2 * one / two, 3), "batch_per_process": batch, "steps": steps,
             "single_process_samples_per_s": round(batch * steps / one)}
+
+
+# ---------------------------------------------------------------- plain DDP and all-reduce
+def ddp_setup(rows: int, epochs: int) -> Any:
+    """The scaling figure's 2-worker fit at TorchEstimator's defaults, as plain DDP's
+    ``ddp_reference.Setup``: same MLP, rows, epochs, batch per worker, optimizer, learning
+    rate (scaled as learningRateScaling says), weight decay and loss."""
+    import ddp_reference
+
+    from sparkdist.models import TorchEstimator
+
+    get, workers = TorchEstimator().getOrDefault, 2
+    batch = get("batchSize") if batch_per_worker() else get("batchSize") // workers
+    scaling = get("learningRateScaling") if TorchEstimator().hasParam(
+        "learningRateScaling") else "none"
+    return ddp_reference.Setup(
+        features=SCALING_MODEL["features"], hidden=list(SCALING_MODEL["hidden"]), rows=rows,
+        epochs=epochs, batch=batch, optimizer=get("optimizer"),
+        learning_rate=get("learningRate") * LR_SCALINGS[scaling](workers),
+        weight_decay=get("weightDecay"), loss=get("loss"), seed=1, workers=workers)
+
+
+def communication_ms(ranks: list[dict] | None) -> list[float] | None:
+    """Each rank's communication ms per train step (StepClock: bucket ready to backward's
+    return), None without per-rank figures."""
+    if not ranks or not all(rank.get("train_steps") for rank in ranks):
+        return None
+    return [round(1000 * rank["communication_s"] / rank["train_steps"], 3) for rank in ranks]
+
+
+def ddp_figures(samples: int, cold: dict[str, float], warm: dict[str, list[float]],
+                ddp_steady_s: list[float], sparkdist_steady_s: list[float],
+                repeats: int) -> dict:
+    """The cold and warm figures of sparkdist against plain DDP: each side's samples/s (the
+    ratio's two sides) and its steady samples/s (in the ranks; the first run's for cold, the
+    median of the rest for warm), ``samples`` = rows x epochs."""
+    what = ("samples/s of a TorchEstimator 2-worker fit (MLP hidden [256, 256] on 64 ML-vector "
+            "features, the default batchSize per worker, optimizer, learningRate and loss, "
+            "input cached in 2 partitions) over samples/s of plain DDP outside Spark doing the "
+            "same (torchrun --standalone --nproc_per_node=2, gloo, torch.set_num_threads(1), "
+            "each rank its half of the rows in memory as tensors, the same steps per epoch; "
+            "bench/ddp_reference.py); samples/s = rows x epochs / wall seconds on the driver "
+            "around the whole call (torchrun's process start included); ")
+    found = {}
+    for kind in ("cold", "warm"):
+        pick: Callable[[list[float]], float] = (
+            (lambda v: v[0]) if kind == "cold" else (lambda v: statistics.median(v[1:])))
+        ours = cold["sparkdist"] if kind == "cold" else statistics.median(warm["sparkdist"])
+        theirs = cold["ddp"] if kind == "cold" else statistics.median(warm["ddp"])
+        ddp_steady, our_steady = pick(ddp_steady_s), pick(sparkdist_steady_s)
+        found[kind] = figure(
+            theirs / ours, ">= 0.9", what + (
+                "cold: each side's first call in this section (which runs first: the "
+                "session's first fit)" if kind == "cold" else
+                f"warm: the median of the {repeats} calls after the first") +
+            ", the sides alternating",
+            sparkdist_samples_per_s=round(samples / ours),
+            ddp_samples_per_s=round(samples / theirs),
+            sparkdist_s=round(ours, 3), ddp_s=round(theirs, 3),
+            ddp_steady_samples_per_s=round(samples / ddp_steady),
+            ddp_startup_s=round(theirs - ddp_steady, 3),
+            sparkdist_steady_samples_per_s=round(samples / our_steady),
+            sparkdist_outside_epochs_s=round(ours - our_steady, 3))
+    return found
+
+
+def versus_ddp(df: Any, rows: int, epochs: int, repeats: int) -> dict:
+    """The 2-worker fit at the defaults against plain DDP outside Spark, cold and warm."""
+    from dataclasses import asdict
+
+    import ddp_reference
+    from _common import cold_and_warm
+
+    setup = ddp_setup(rows, epochs)
+    est = estimator(modelKwargs={"hidden": setup.hidden}, epochs=epochs, numWorkers=2)
+    runs: dict[str, list[Any]] = {"sparkdist": [], "ddp": []}
+
+    def fit() -> Any:
+        runs["sparkdist"].append(est.fit(df))
+        return runs["sparkdist"][-1]
+
+    def ddp() -> Any:
+        runs["ddp"].append(ddp_reference.run(setup))
+        return runs["ddp"][-1]
+
+    cold, warm, _ = cold_and_warm({"sparkdist": fit, "ddp": ddp}, repeats)
+    models, ddp_runs = runs["sparkdist"], runs["ddp"]
+    return {
+        **ddp_figures(rows * epochs, cold, warm,
+                      [ddp_reference.steady_seconds(r) for r in ddp_runs],
+                      [sum(e["seconds"] for e in m.history) for m in models], repeats),
+        "setup": asdict(setup), "rows": rows, "epochs": epochs,
+        "steps_per_epoch": {"sparkdist": models[-1].trainingSummary["steps_per_epoch"],
+                            "ddp": ddp_runs[-1][0]["steps_per_epoch"]},
+        "sparkdist_runs_s": rounded([cold["sparkdist"], *warm["sparkdist"]]),
+        "ddp_runs_s": rounded([cold["ddp"], *warm["ddp"]]),
+        "ddp_train_runs_s": rounded([ddp_reference.steady_seconds(r) for r in ddp_runs]),
+        "ddp_epoch_s": rounded(ddp_runs[-1][0]["epoch_s"]),
+        "sparkdist_epoch_s": rounded([e["seconds"] for e in models[-1].history]),
+        "sparkdist_communication_ms_per_step": communication_ms(ranks_of(models[-1])),
+        "ranks_sparkdist": ranks_of(models[-1]),
+        "steady_definition": (
+            "ddp_steady_samples_per_s: rows x epochs over the slowest DDP rank's seconds from "
+            "a dist.barrier() before its first step to one after its last (no process start, "
+            "imports, rendezvous, data or model building); ddp_startup_s: the wall seconds "
+            "minus those; sparkdist_steady_samples_per_s: rows x epochs over the sum of the "
+            "fit's epochs' seconds (model.history); sparkdist_outside_epochs_s: the rest")}
+
+
+def allreduce_figures(calls: int) -> dict:
+    """bench/allreduce.py's figures for the scaling model, 1 and 2 torch threads per rank."""
+    import allreduce
+
+    found = allreduce.measure(SCALING_MODEL["features"], list(SCALING_MODEL["hidden"]), 256,
+                              threads=(1, 2), calls=calls, steps=max(20, calls // 2))
+    return {**found, "definition": " ".join(allreduce.__doc__.split("\n\n")[1:3]).replace(
+        "\n", " ")}
 
 
 # ------------------------------------------------------------------------ time to accuracy
@@ -650,6 +793,7 @@ class Sizes:
     recovery_epochs: int
     repeats: int
     cold_rounds: int
+    allreduce_calls: int = 200
 
 
 def arguments() -> tuple[argparse.Namespace, Sizes]:
@@ -666,16 +810,17 @@ def arguments() -> tuple[argparse.Namespace, Sizes]:
     parser.add_argument("--recovery-epochs", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--cold-rounds", type=int, default=3)
+    parser.add_argument("--allreduce-calls", type=int, default=200)
     parser.add_argument("--only", help="comma-separated sections (development)")
     parser.add_argument("--cold", choices=("sparkdist", "torch_distributor"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.quick:
-        return args, Sizes(100_000, 20_000, 2, 20_000, 3, 0.7, 20_000, 2, 1, 1)
+        return args, Sizes(100_000, 20_000, 2, 20_000, 3, 0.7, 20_000, 2, 1, 1, 50)
     return args, Sizes(args.feed_rows, args.scaling_rows, args.scaling_epochs,
                        args.accuracy_rows, args.accuracy_epochs, args.accuracy,
                        args.recovery_rows, args.recovery_epochs, args.repeats,
-                       args.cold_rounds)
+                       args.cold_rounds, args.allreduce_calls)
 
 
 def feed_and_memory(capture: Capture, spark: Any, sizes: Sizes) -> dict:
@@ -698,6 +843,16 @@ def scaling_section(capture: Capture, spark: Any, sizes: Sizes) -> dict:
     finally:
         for frame in frames.values():
             frame.unpersist()
+
+
+def ddp_section(capture: Capture, spark: Any, sizes: Sizes) -> dict:
+    df = vector_frame(spark, sizes.scaling_rows, SCALING_MODEL["features"], seed=4,
+                      partitions=2)  # the scaling figure's 2-worker input
+    try:
+        return {"ddp_reference": versus_ddp(df, sizes.scaling_rows, sizes.scaling_epochs,
+                                            sizes.repeats)}
+    finally:
+        df.unpersist()
 
 
 def accuracy_section(capture: Capture, spark: Any, sizes: Sizes) -> dict:
@@ -731,7 +886,10 @@ def run_all(capture: Capture, spark: Any, sizes: Sizes, only: set[str] | None) -
     def wanted(*names: str) -> bool:
         return only is None or bool(only & set(names))
 
+    # ddp_reference first: its cold sparkdist fit is then the session's first, as a user's
     sections: list[tuple[tuple[str, ...], Callable[[], dict]]] = [
+        (("ddp_reference",), lambda: ddp_section(capture, spark, sizes)),
+        (("allreduce",), lambda: {"allreduce": allreduce_figures(sizes.allreduce_calls)}),
         (("feed", "memory"), lambda: feed_and_memory(capture, spark, sizes)),
         (("scaling",), lambda: scaling_section(capture, spark, sizes)),
         (("time_to_accuracy",), lambda: accuracy_section(capture, spark, sizes)),

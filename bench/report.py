@@ -190,7 +190,7 @@ def stored(names: tuple[str, ...] = SCRIPTS) -> dict[str, tuple[dict[str, Any], 
 # -- the comparison table ------------------------------------------------------------------
 
 #: Which way is better, by unit, for a row whose target does not say.
-LOWER_IS_BETTER = {"s", "MiB", "bytes", "syncs", "RMSE", "loss", "difference", "parameters"}
+LOWER_IS_BETTER = {"s", "ms", "MiB", "bytes", "syncs", "RMSE", "loss", "difference", "parameters"}
 
 
 def table(figures: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -505,6 +505,43 @@ def _deep_rows(f: dict[str, Any], row: Any) -> None:
         row("Recovery: extra time of a fit with a SIGKILLed worker vs (cold 1-step fit + one "
             "checkpoint interval)", recovery["extra_s"], recovery["budget_s"],
             recovery["ratio"], recovery["target"], definition=recovery.get("definition"))
+    _ddp_rows(f, row)
+
+
+def _ddp_rows(f: dict[str, Any], row: Any) -> None:
+    """bench/deep.py: the 2-worker fit against plain torchrun DDP outside Spark, and its
+    per-step gradient wait against plain DDP's and a bare gloo all-reduce's."""
+    ddp = f.get("ddp_reference")
+    if not isinstance(ddp, dict) or "error" in ddp:
+        return
+    for kind in ("cold", "warm"):
+        d = ddp[kind]
+        row(f"TorchEstimator 2 workers vs plain torchrun DDP (2 gloo ranks, outside Spark), "
+            f"samples/s, {kind} (DDP steady in its ranks: {d['ddp_steady_samples_per_s']:,}, "
+            f"sparkdist's: {d['sparkdist_steady_samples_per_s']:,})",
+            d["sparkdist_samples_per_s"], d["ddp_samples_per_s"], d["ratio"], d["target"],
+            "samples/s", d.get("definition"))
+    ours, reduce = ddp.get("sparkdist_communication_ms_per_step"), f.get("allreduce")
+    if not ours or not isinstance(reduce, dict) or "threads_1" not in reduce:
+        return
+    one, mine = reduce["threads_1"], max(ours)
+    size = f"{reduce['gradient_bytes'] / 1000:,.0f} KB"
+    wait, bare = one["step"]["wait"]["mean_ms"], one["allreduce"][str(
+        reduce["gradient_numel"])]["median_ms"]
+    row(f"Gradient wait per step (bucket ready to backward's end), TorchEstimator's ranks vs "
+        f"plain DDP with the same hook outside Spark, {size}, 1 thread (plain DDP's: "
+        f"{one['wait_split']['peer']['mean_ms']} ms for the other rank, "
+        f"{one['wait_split']['after_both_ready']['mean_ms']} ms after both were ready)", mine,
+        wait, round(mine / wait, 3) if wait else None, "-", "ms",
+        "mean ms per step, the slower rank's: sparkdist's communication_s / train_steps of the "
+        "ddp_reference fit's ranks; plain DDP's from bench/allreduce.py")
+    two = (reduce.get("threads_2") or {}).get("allreduce", {}).get(
+        str(reduce["gradient_numel"]), {}).get("median_ms")
+    row(f"Gradient wait per step, TorchEstimator's ranks vs one bare gloo all_reduce of the "
+        f"same {size} outside Spark (1 thread; 2 threads: {two} ms)",
+        mine, bare, round(mine / bare, 3) if bare else None, "-", "ms",
+        "sparkdist's mean ms per step as above over the median ms of back-to-back "
+        "dist.all_reduce calls on 2 gloo ranks (bench/allreduce.py)")
 
 
 

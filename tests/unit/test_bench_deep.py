@@ -6,6 +6,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pyarrow as pa
+import pytest
 
 from tests.benchscripts import load
 
@@ -70,3 +71,125 @@ def test_peak_rss_is_the_max_over_ranks_and_none_without_ranks():
 
     assert deep.peak_rss([model(400.0, 420.0), model(410.0, 405.0)]) == 420.0
     assert deep.peak_rss([model(400.0), model()]) is None
+
+
+# ------------------------------------------------ issue 32: plain DDP and the all-reduce
+ddp_reference = load("ddp_reference")
+allreduce = load("allreduce")
+report = load("report")
+
+
+def test_the_reference_takes_torchestimators_steps_and_halves():
+    assert ddp_reference.steps_per_epoch(200_000, 256, 2) == 391  # ceil(200000 / 512)
+    assert ddp_reference.steps_per_epoch(20_000, 256, 2) == 40
+    assert ddp_reference.steps_per_epoch(10, 256, 2) == 1
+    assert [ddp_reference.rows_of_rank(7, r, 2) for r in (0, 1)] == [4, 3]
+    assert sum(ddp_reference.rows_of_rank(200_001, r, 2) for r in (0, 1)) == 200_001
+
+
+def test_the_gradient_size_is_the_mlps_parameter_count():
+    # 64*256 + 256, 256*256 + 256, 256*1 + 1: the 330 KB of issue 32's note
+    assert ddp_reference.mlp_parameters(64, [256, 256]) == 82_689
+    assert 4 * ddp_reference.mlp_parameters(64, [256, 256]) == 330_756
+    assert ddp_reference.mlp_parameters(8, []) == 9
+
+
+def test_the_reference_runs_under_the_interpreters_torchrun(tmp_path, monkeypatch):
+    python = tmp_path / "python"
+    monkeypatch.setattr(ddp_reference.sys, "executable", str(python))
+    command = ddp_reference.torchrun(tmp_path / "s.py", ["--x", "1"], 2)
+    assert command[1:] == ["-m", "torch.distributed.run", "--standalone",
+                           "--nproc_per_node=2", str(tmp_path / "s.py"), "--x", "1"]
+    (tmp_path / "torchrun").touch()
+    assert ddp_reference.torchrun(tmp_path / "s.py", [], 2)[0] == str(tmp_path / "torchrun")
+    ranks = [{"rank": 0, "train_s": 2.0}, {"rank": 1, "train_s": 2.5}]
+    assert ddp_reference.steady_seconds(ranks) == 2.5
+
+
+def test_the_reference_follows_the_estimators_defaults():
+    from sparkdist.models import TorchEstimator
+
+    get = TorchEstimator().getOrDefault
+    setup = deep.ddp_setup(20_000, 2)
+    assert (setup.rows, setup.epochs, setup.workers, setup.hidden) == (20_000, 2, 2,
+                                                                        [256, 256])
+    assert (setup.optimizer, setup.loss, setup.weight_decay) == (
+        get("optimizer"), get("loss"), get("weightDecay"))
+    assert setup.batch == (get("batchSize") if deep.batch_per_worker()
+                           else get("batchSize") // 2)
+    assert deep.LR_SCALINGS["none"](2) == 1.0 and deep.LR_SCALINGS["linear"](2) == 2.0
+
+
+def test_ddp_figures_cold_is_the_first_call_and_warm_the_median_after_it():
+    cold = {"sparkdist": 10.0, "ddp": 8.0}
+    warm = {"sparkdist": [4.0, 5.0, 6.0], "ddp": [8.0, 7.0, 9.0]}
+    found = deep.ddp_figures(60_000, cold, warm, ddp_steady_s=[3.0, 2.0, 2.0, 4.0],
+                             sparkdist_steady_s=[3.0, 2.5, 3.0, 2.5], repeats=3)
+    c, w = found["cold"], found["warm"]
+    assert c["ratio"] == 0.8 and not c["meets_target"] and c["target"] == ">= 0.9"
+    assert (c["sparkdist_samples_per_s"], c["ddp_samples_per_s"]) == (6000, 7500)
+    assert (c["ddp_steady_samples_per_s"], c["ddp_startup_s"]) == (20_000, 5.0)
+    assert (c["sparkdist_steady_samples_per_s"], c["sparkdist_outside_epochs_s"]) == (
+        20_000, 7.0)
+    assert w["ratio"] == 1.6 and w["meets_target"]  # 8 s / 5 s
+    assert (w["ddp_steady_samples_per_s"], w["ddp_startup_s"]) == (30_000, 6.0)
+    assert w["sparkdist_steady_samples_per_s"] == 24_000  # median of 2.5, 3.0, 2.5
+    assert "cold" in c["definition"] and "median of the 3 calls" in w["definition"]
+
+
+def test_communication_ms_per_step_from_the_ranks():
+    ranks = [{"communication_s": 0.3, "train_steps": 100.0},
+             {"communication_s": 0.25, "train_steps": 100.0}]
+    assert deep.communication_ms(ranks) == [3.0, 2.5]
+    assert deep.communication_ms(None) is None
+    assert deep.communication_ms([{"communication_s": 0.0, "train_steps": 0.0}]) is None
+
+
+def _rank(offset: float, ready: list[float], returned: list[float]) -> dict:
+    seconds = [0.001 * (i + 1) + offset for i in range(4)]
+    return {"threads": 1, "allreduce": {"1": seconds, "82689": seconds},
+            "step": {"local": seconds, "ddp": seconds, "ddp_hooked": seconds,
+                     "wait": [t - r for r, t in zip(ready, returned)],
+                     "ready_at": ready, "returned_at": returned, "gapped": seconds,
+                     "gapped_began_at": ready, "gapped_ended_at": returned}}
+
+
+def test_the_allreduce_summary_takes_the_slower_rank_and_splits_the_wait():
+    assert allreduce.percentiles_ms([0.001, 0.002, 0.003, 0.010]) == {
+        "median_ms": 2.5, "p10_ms": 1.0, "p90_ms": 10.0, "mean_ms": 4.0}
+    # step 1: rank 0 ready at 10.0, rank 1 at 10.002, both back at 10.003;
+    # step 2: rank 1 first (20.0), rank 0 at 20.001, both back at 20.0015
+    ranks = [_rank(0.0, [10.0, 20.001], [10.003, 20.0015]),
+             _rank(0.001, [10.002, 20.0], [10.003, 20.0015])]
+    found = allreduce.summary(ranks)
+    assert found["threads"] == 1 and "ready_at" not in found["step"]
+    assert found["allreduce"]["82689"]["bytes"] == 330_756
+    assert found["allreduce"]["82689"]["median_ms"] == 3.5  # rank 1's 2.5 + 1
+    split = found["wait_split"]
+    peer = [rank["mean_ms"] for rank in split["peer"]["ranks"]]
+    after = [rank["mean_ms"] for rank in split["after_both_ready"]["ranks"]]
+    assert peer == pytest.approx([1.0, 0.5]) and after == pytest.approx([0.75, 0.75])
+    assert found["gapped_split"] == split and "gapped" in found["step"]
+
+
+def test_report_renders_the_ddp_rows():
+    ddp = deep.ddp_figures(60_000, {"sparkdist": 10.0, "ddp": 8.0},
+                           {"sparkdist": [4.0], "ddp": [8.0]}, [3.0, 2.0], [3.0, 2.5], 1)
+    ddp["sparkdist_communication_ms_per_step"] = [3.0, 3.5]
+    ranks = [_rank(0.0, [10.0, 20.001], [10.003, 20.0015]),
+             _rank(0.001, [10.002, 20.0], [10.003, 20.0015])]
+    reduce = {"gradient_numel": 82689, "gradient_bytes": 330_756,
+              "threads_1": allreduce.summary(ranks), "threads_2": allreduce.summary(ranks)}
+    rows: list[dict] = []
+    report._ddp_rows({"ddp_reference": ddp, "allreduce": reduce},
+                     lambda what, ours, ref, ratio, target, unit="s", definition=None:
+                     rows.append({"what": what, "ours": ours, "ref": ref, "ratio": ratio,
+                                  "target": target, "unit": unit}))
+    assert [(r["ratio"], r["target"], r["unit"]) for r in rows[:2]] == [
+        (0.8, ">= 0.9", "samples/s"), (2.0, ">= 0.9", "samples/s")]
+    assert rows[2]["ours"] == 3.5 and rows[2]["unit"] == "ms" and rows[2]["target"] == "-"
+    assert rows[3]["ref"] == 3.5 and "331 KB" in rows[3]["what"]
+    assert "ms" in report.LOWER_IS_BETTER
+    rows.clear()
+    report._ddp_rows({"ddp_reference": {"error": "x"}}, lambda *a, **k: rows.append(a))
+    assert rows == []
