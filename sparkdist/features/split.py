@@ -26,7 +26,7 @@ from typing import Any
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
-from pyspark.sql.types import FractionalType, MapType
+from pyspark.sql.types import FractionalType, MapType, StructField, StructType
 
 from sparkdist.columns import (
     check_one_of,
@@ -45,6 +45,9 @@ METHODS = ("random", "stratified", "time", "group", "cold_start")
 REQUIRED = {"stratified": ("labelCol",), "time": ("timeCol",), "group": ("groupCol",),
             "cold_start": ("userCol", "itemCol")}
 _SPLIT = "_sparkdist_split"
+_KEY, _LABEL, _BUCKET = "_sd_key", "_sd_label", "_sd_bucket"  # stratified: ranking columns
+#: Hash buckets per class in the stratified ranking job; only buckets that hold a cut are sorted.
+_BUCKETS = 1024
 _HASH_BITS = 53  # exactly representable in a double, so u is uniform on [0, 1)
 _MAX_STRATA = 1000
 _QUANTILE_ACCURACY = 1_000_000  # exact below a million rows, within 1e-6 of rank above
@@ -104,6 +107,16 @@ def split(df: DataFrame, fractions: Mapping[str, float], method: str = "random",
         one side) or ``cold_start`` (every ``userCol`` and ``itemCol`` value of the other
         splits also appears in the training side; rows that would break this move to it).
     seed : the hash seed; the same seed and data give the same split anywhere.
+
+    Notes
+    -----
+    Each part is ``df`` with a column computed row by row, then filtered: it keeps ``df``'s
+    partitions (a model fitted on it uses as many cores as ``df`` has partitions), and
+    ``df``'s rows are not shuffled to make it. ``stratified`` runs one Spark job here, which
+    ranks the rows near each class's cuts (only those are shuffled), and ``time`` one for the
+    quantiles; ``cold_start`` broadcasts the users and items that have no training row. In
+    ``stratified``, rows equal in every column (map columns aside) go to the same split, so a
+    class's counts can be off by the number of such duplicates at a cut.
     """
     names, fracs = _check_fractions(fractions)
     columns = _check_method(df, method, keyCols=keyCols, labelCol=labelCol, timeCol=timeCol,
@@ -212,13 +225,85 @@ def _cumulative(position: Column, names: Sequence[str], fracs: Sequence[float]) 
 def _stratified(df: DataFrame, label: str, names: Sequence[str], fracs: Sequence[float],
                 seed: int, keyCols: Sequence[str] | None) -> DataFrame:
     """Rank rows within each class by hash; the rank quantile picks the split, so each class
-    is split in the requested proportions to within one row."""
-    tiebreak = _unit(_key_cols(df, None), seed + 1)
-    ordered = Window.partitionBy(col(label)).orderBy(_unit(_key_cols(df, keyCols), seed),
-                                                     tiebreak)
-    position = ((F.row_number().over(ordered) - 1)
-                / F.count(F.lit(1)).over(Window.partitionBy(col(label))))
-    return df.withColumn(_SPLIT, _cumulative(position, names, fracs))
+    is split in the requested proportions to within one row.
+
+    One Spark job finds, in each class, the hash key of the first row of each split
+    (:func:`_split_starts`); a row's split is then a comparison of its key with those of its
+    class, looked up through a broadcast join of that small table. So the parts are ``df``
+    with a column added: no row is shuffled and the parts keep ``df``'s partitions (a window
+    over the rows of each class would put each class into one partition).
+    """
+    key = F.struct(_unit(_key_cols(df, keyCols), seed).alias("u"),
+                   _unit(_key_cols(df, None), seed + 1).alias("t"))
+    keyed = df.withColumn(_KEY, key)
+    starts = _split_starts(keyed.select(col(label).alias(_LABEL), _KEY), fracs)
+    cuts = [f"_sd_cut{i}" for i in range(1, len(names))]
+    schema = StructType([StructField(_LABEL, df.schema[label].dataType)]
+                        + [StructField(c, keyed.schema[_KEY].dataType) for c in cuts])
+    table = df.sparkSession.createDataFrame(_cut_rows(starts, len(names)), schema)
+    joined = keyed.join(F.broadcast(table), keyed[quoted(label)].eqNullSafe(table[_LABEL]),
+                        "left")
+    # The split's index: how many of the class's cuts the row's key reaches.
+    index = sum((F.when(F.col(_KEY) >= F.col(c), 1).otherwise(0) for c in cuts), F.lit(0))
+    names_array = F.array(*[F.lit(n) for n in names])
+    return (joined.withColumn(_SPLIT, F.element_at(names_array, index + 1))
+            .drop(_KEY, _LABEL, *cuts))
+
+
+def _split_starts(keyed: DataFrame, fracs: Sequence[float]) -> dict[Any, dict[int, Any]]:
+    """For each class (``_LABEL``), the key (``_KEY``) of the first row of each non-empty
+    split, by split index. Rank r of a class's n rows (by key) goes to the split whose interval
+    holds r / n. Keys are uniform, so a class's key range is cut into ``_BUCKETS`` buckets;
+    only the rows of the buckets that hold a split's first row are shuffled and ranked, the
+    others are only counted."""
+    by_class = Window.partitionBy(_LABEL)
+    keyed = keyed.withColumn(_BUCKET, F.floor(F.col(_KEY)["u"] * _BUCKETS))
+    counts = keyed.groupBy(_LABEL, _BUCKET).agg(F.count(F.lit(1)).alias("_sd_c"))
+    counts = (counts.withColumn("_sd_n", F.sum("_sd_c").over(by_class))
+              .withColumn("_sd_off", F.sum("_sd_c").over(by_class.orderBy(_BUCKET))
+                          - F.col("_sd_c")))
+    first, n = F.col("_sd_off"), F.col("_sd_n")
+    last = first + F.col("_sd_c") - 1
+    holds_start = (first == 0) | (_index((first - 1) / n, fracs) != _index(last / n, fracs))
+    buckets = counts.where(holds_start).select(
+        F.col(_LABEL).alias("_sd_bl"), F.col(_BUCKET).alias("_sd_bb"), first, n)
+    rows = keyed.join(F.broadcast(buckets), F.col(_LABEL).eqNullSafe(F.col("_sd_bl"))
+                      & (F.col(_BUCKET) == F.col("_sd_bb")))
+    in_bucket = Window.partitionBy(_LABEL, _BUCKET).orderBy(_KEY)
+    rank = first + F.row_number().over(in_bucket) - 1
+    ranked = rows.withColumn("_sd_r", rank).withColumn("_sd_i", _index(F.col("_sd_r") / n, fracs))
+    previous = _index((F.col("_sd_r") - 1) / n, fracs)
+    found = (ranked.where((F.col("_sd_r") == 0) | (F.col("_sd_i") != previous))
+             .select(_LABEL, "_sd_i", _KEY).collect())
+    starts: dict[Any, dict[int, Any]] = {}
+    for row in found:
+        starts.setdefault(row[_LABEL], {})[row["_sd_i"]] = row[_KEY]
+    return starts
+
+
+def _cut_rows(starts: Mapping[Any, Mapping[int, Any]], n_splits: int) -> list[tuple[Any, ...]]:
+    """One row per class: its label, then for each split after the first, the key from which
+    rows go to that split or a later one (the next non-empty split's first key; None when no
+    later split has rows)."""
+    rows = []
+    for label, firsts in starts.items():
+        cuts: list[Any] = []
+        for i in range(n_splits - 1, 0, -1):
+            nxt = firsts.get(i, cuts[0] if cuts else None)
+            cuts.insert(0, None if nxt is None else tuple(nxt))
+        rows.append((label, *cuts))
+    return rows
+
+
+def _index(position: Column, fracs: Sequence[float]) -> Column:
+    """Index of the split whose cumulative fraction interval holds ``position`` (the same
+    bounds as :func:`_cumulative`)."""
+    bound, expr = 0.0, None
+    for i, frac in enumerate(fracs[:-1]):
+        bound += frac
+        expr = F.when(position < bound, i) if expr is None else expr.when(position < bound, i)
+    assert expr is not None
+    return expr.otherwise(len(fracs) - 1)
 
 
 def _time_cutoffs(df: DataFrame, time_col: str, fracs: Sequence[float],
@@ -255,18 +340,32 @@ def _by_time(time: Column, names: Sequence[str], bounds: Sequence[datetime]) -> 
 def _cold_start(df: DataFrame, user: str, item: str, names: Sequence[str],
                 fracs: Sequence[float], seed: int, keyCols: Sequence[str] | None) -> DataFrame:
     """Random split by (user, item), then rows of the other splits whose user or item is not
-    in the training split move to it."""
+    in the training split move to it.
+
+    The users and items with no training row (usually few) are broadcast to every task, so
+    the parts are ``df`` with a column added and keep its partitions (a shuffle join would
+    hash the rows by user and by item, which adaptive execution may coalesce into one
+    partition when it cannot broadcast on its own)."""
     first = training_split(names)
     tentative = df.withColumn(_SPLIT, _cumulative(_unit(keyCols or [user, item], seed),
                                                   names, fracs))
-    seen = tentative.where(F.col(_SPLIT) == first)
-    users = seen.select(col(user).alias("_sd_u")).distinct().withColumn("_sd_uk", F.lit(1))
-    items = seen.select(col(item).alias("_sd_i")).distinct().withColumn("_sd_ik", F.lit(1))
-    joined = (tentative.join(users, tentative[quoted(user)].eqNullSafe(users["_sd_u"]), "left")
-              .join(items, tentative[quoted(item)].eqNullSafe(items["_sd_i"]), "left"))
-    cold = F.col("_sd_uk").isNull() | F.col("_sd_ik").isNull()
+    users = _without_training_rows(tentative, user, first)
+    items = _without_training_rows(tentative, item, first)
+    joined = (tentative.join(users, tentative[quoted(user)].eqNullSafe(users["_sd_id"]), "left")
+              .drop("_sd_id").withColumnRenamed("_sd_cold", "_sd_cold_user"))
+    joined = joined.join(items, joined[quoted(item)].eqNullSafe(items["_sd_id"]), "left")
+    cold = F.col("_sd_cold_user").isNotNull() | F.col("_sd_cold").isNotNull()
     return (joined.withColumn(_SPLIT, F.when(cold, first).otherwise(F.col(_SPLIT)))
-            .drop("_sd_u", "_sd_uk", "_sd_i", "_sd_ik"))
+            .drop("_sd_id", "_sd_cold", "_sd_cold_user"))
+
+
+def _without_training_rows(tentative: DataFrame, id_col: str, first: str) -> DataFrame:
+    """The values of ``id_col`` (as ``_sd_id``, with a constant ``_sd_cold``) that have no row
+    in split ``first``, marked for a broadcast join."""
+    in_first = F.max((F.col(_SPLIT) == first).cast("int"))
+    ids = (tentative.groupBy(col(id_col).alias("_sd_id")).agg(in_first.alias("_sd_seen"))
+           .where(F.col("_sd_seen") == 0).select("_sd_id", F.lit(1).alias("_sd_cold")))
+    return F.broadcast(ids)
 
 
 def training_split(names: Sequence[str]) -> str:
