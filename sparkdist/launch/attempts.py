@@ -42,7 +42,7 @@ class Fit:
     ``on_report``."""
 
     def __init__(self, max_retries: int | None,
-                 on_report: Callable[[dict[str, Any]], None] | None, elastic: Any) -> None:
+                 on_report: Callable[[dict[str, Any]], Any] | None, elastic: Any) -> None:
         self.max_retries, self.on_report, self.elastic = max_retries, on_report, elastic
         self.current: Launch | None = None
         #: Failed attempts of the launches before the current one (maxRetries spans them).
@@ -51,10 +51,11 @@ class Fit:
         #: plan's list, where there is one: the caller reads it there).
         self.worker_counts: list[int] = elastic.worker_counts if elastic is not None else []
 
-    def dispatch(self, record: dict[str, Any]) -> None:
+    def dispatch(self, record: dict[str, Any]) -> Any:
+        """Route ``record``; what ``on_report`` answers an asking progress record."""
         current = self.current
         if current is None or int(record.get("launch", current.number)) != current.number:
-            return  # a rank of a cancelled launch, reporting late
+            return None  # a rank of a cancelled launch, reporting late
         if "failure" in record:
             current.attempts.record(record)
         elif "started" in record:
@@ -62,7 +63,8 @@ class Fit:
             if self.elastic is not None:
                 self.elastic.note(f"rendezvous of {record['started']} done")
         elif self.on_report is not None:
-            self.on_report(record)
+            return self.on_report(record)
+        return None
 
 
 class Attempts:

@@ -94,6 +94,8 @@ RENDEZVOUS_PATHS = ("auto", "driver", "spark")
 ENV_QUIET_RANKS = "SPARKDIST_QUIET_RANKS"
 #: How long a stopped fit waits for its cancelled tasks to end before it raises anyway.
 STOP_WAIT_S = 60.0
+#: How long rank 0 waits for the driver's answer to an asking report (the observer's call).
+ASK_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -112,6 +114,9 @@ class BarrierSettings:
     #: Which launch of the fit this stage is (0, then 1, 2... where an elastic fit re-plans):
     #: the driver drops the reports of an earlier launch's ranks.
     launch: int = 0
+    #: The fit runs under an observer (:mod:`sparkdist.launch.observe`): rank 0 asks the
+    #: driver after each epoch whether to stop (:meth:`WorkerContext.report` with ``ask``).
+    observed: bool = False
 
 
 @dataclass(frozen=True)
@@ -142,6 +147,7 @@ class WorkerContext:
         self.gpus: tuple[str, ...] = _gpu_addresses(task)
         self._tail: collections.deque[str] = collections.deque(maxlen=40)
         self._report_socket: socket.socket | None = None
+        self._answers: Any = None  # the driver's answers to asking reports, line by line
         self._failure_reported = False
         #: Each rank's executor id and host, once :meth:`rendezvous` has run.
         self.placement: list[dict[str, Any]] = []
@@ -209,19 +215,28 @@ class WorkerContext:
     def tail(self) -> str:
         return "\n".join(self._tail)
 
-    def report(self, record: dict[str, Any]) -> None:
-        """Send a progress record to the driver (rank 0 only; best effort, never fails)."""
+    def report(self, record: dict[str, Any], ask: bool = False) -> bool:
+        """Send a progress record to the driver (rank 0 only; best effort, never fails). With
+        ``ask`` (a fit under an observer), wait for the driver's answer: whether the fit is to
+        stop (False on the other ranks, and where the driver cannot answer: then rank 0 stops
+        asking, and the driver falls back to cancelling the job)."""
         address = self.settings.report_address
         if self.rank != 0 or address is None:
-            return
+            return False
+        ask = ask and self.settings.observed
         try:
             if self._report_socket is None:
                 self._report_socket = socket.create_connection(address, timeout=5)
-            self._report_socket.sendall(self._signed(record))
-        except OSError as err:
+                self._answers = self._report_socket.makefile("rb")
+            self._report_socket.sendall(self._signed({**record, "ask": True} if ask else record))
+            if ask:
+                self._report_socket.settimeout(ASK_TIMEOUT_S)
+                return bool(json.loads(self._answers.readline() or b"{}").get("stop"))
+        except (OSError, ValueError) as err:
             self.log(f"progress report to the driver failed ({err}); training goes on")
             self.settings = BarrierSettings(**{**self.settings.__dict__,
-                                               "report_address": None})
+                                               "report_address": None, "observed": False})
+        return False
 
     def failure_message(self, err: BaseException) -> str:
         """What the driver and the user see of this rank's failure: the error, where it was
@@ -320,7 +335,8 @@ def run_barrier(df: DataFrame, worker: Worker, args: Any, num_workers: int, *,
         task_settings = BarrierSettings(**{**settings.__dict__, "report_address": address,
                                            "report_token": token,
                                            "driver_rendezvous":
-                                           _through_driver(spark, address)})
+                                           _through_driver(spark, address),
+                                           "observed": stopper is not None})
         launch = functools.partial(_launch, df, worker, task_settings, description, fit)
         try:
             if elastic is None:
@@ -331,6 +347,10 @@ def run_barrier(df: DataFrame, worker: Worker, args: Any, num_workers: int, *,
             if stopper is None or stopper.decided_at is None:
                 raise
             raise _stopped(spark, fit, stopper, description) from None
+        if stopper is not None and stopper.decided_at is not None:  # the ranks stopped
+            raise FitStopped(f"{description}: stopped by its observer after epoch "
+                             f"{stopper.epoch}", epoch=stopper.epoch,
+                             free_seconds=time.monotonic() - stopper.decided_at)
     if not rows:
         raise TrainingError("the barrier stage finished but rank 0 returned no result.")
     return b"".join(row["payload"] for row in sorted(rows, key=lambda row: row["part"]))

@@ -3,8 +3,10 @@ reports that may stop the fit (a Tuner's pruner does).
 
 An observer is never a Param and never saved: it is set for the calling thread only
 (:func:`observing`), so concurrent fits from other threads (a Tuner's parallel trials) each
-see their own. :func:`sparkdist.launch.barrier.run_barrier` reads it when the fit starts; when
-the callback asks to stop, the fit's barrier job is cancelled and the fit raises
+see their own. :func:`sparkdist.launch.barrier.run_barrier` reads it when the fit starts and
+tells the ranks; rank 0 then waits for the driver's answer to each epoch's record. When the
+callback asks to stop, the answer is stop and the ranks end the fit after that epoch (where
+rank 0 did not ask, the fit's barrier job is cancelled), and the fit raises
 :class:`sparkdist.exceptions.FitStopped` once its tasks have ended.
 """
 
@@ -43,26 +45,31 @@ def current() -> Observer | None:
 
 class Stopper:
     """A fit's report callback under an observer: passes each record on to ``on_report``,
-    then to the observer; the first time the observer says stop, notes when and after which
-    epoch, and calls ``cancel`` (the fit's current barrier job). An observer that raises is
-    logged and ignored: watching must not fail the fit."""
+    then to the observer, and answers whether the fit is to stop. The first time the observer
+    says stop it notes when and after which epoch; a record that asks (rank 0 waits for the
+    answer, and the ranks end the fit after that epoch) is answered True, any other makes it
+    call ``cancel`` (the fit's current barrier job). An observer that raises is logged and
+    ignored: watching must not fail the fit."""
 
-    def __init__(self, observer: Observer, on_report: Callable[[dict[str, Any]], None] | None,
+    def __init__(self, observer: Observer, on_report: Callable[[dict[str, Any]], Any] | None,
                  cancel: Callable[[], None]) -> None:
         self.observer, self.on_report, self.cancel = observer, on_report, cancel
         self.decided_at: float | None = None
         self.epoch = 0
 
-    def __call__(self, record: dict[str, Any]) -> None:
+    def __call__(self, record: dict[str, Any]) -> bool:
         if self.on_report is not None:
             self.on_report(record)
-        if self.decided_at is not None:
-            return
-        try:
-            stop = self.observer(record)
-        except Exception as err:
-            _LOG.warning("the fit's observer failed on %s (%s); the fit goes on", record, err)
-            return
-        if stop:
+        if self.decided_at is None:
+            try:
+                stop = self.observer(record)
+            except Exception as err:
+                _LOG.warning("the fit's observer failed on %s (%s); the fit goes on", record,
+                             err)
+                return False
+            if not stop:
+                return False
             self.decided_at, self.epoch = time.monotonic(), int(record.get("epoch", 0))
-            self.cancel()
+            if not record.get("ask"):
+                self.cancel()
+        return True

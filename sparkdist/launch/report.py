@@ -44,7 +44,9 @@ FIRST_LINE_S = 10.0
 MAX_PENDING = 64
 _POLL_S = 0.5  # how often the accepting thread looks at its stop event
 
-Dispatch = Callable[[dict[str, Any]], None]
+#: Called with each authentic record; an asking record (``"ask": true``) gets what it returns
+#: (True: stop) as its answer.
+Dispatch = Callable[[dict[str, Any]], Any]
 
 
 class _Gate:
@@ -245,10 +247,13 @@ def _handle(record: dict[str, Any], connection: socket.socket, gate: _Gate,
         if not gatherer.join(record, connection):
             gate.drop("malformed rendezvous")
         return
+    answer = None
     try:
-        dispatch(record)
+        answer = dispatch(record)
     except Exception as err:  # a bad record must not stop training
         _LOG.warning("ignoring a progress record: %s", err)
+    if record.get("ask") is True:  # rank 0 waits for the answer on this connection
+        connection.sendall(json.dumps({"stop": answer is True}).encode() + b"\n")
 
 
 def check_line(line: bytes, gate: _Gate) -> dict[str, Any] | str:

@@ -130,6 +130,8 @@ class _Trainer:
         self.strategy: Strategy
         self.optimizer: Any = None
         self.epoch_start = 0  # the fit's steps before this epoch's first (the rate's count)
+        #: Under an observer: ask the driver after each epoch (read once: every rank agrees).
+        self.observed = context.settings.observed
 
     def run(self, train: SpilledRows, validation: SpilledRows,
             scan: PartitionScan) -> memoryview | None:
@@ -261,19 +263,34 @@ class _Trainer:
             if self.rows[1]:
                 record.update(self._validate(validation))
             history.append(record)
-            self.context.report(record)
+            halted = self._asked_to_stop(self.context.report(record, ask=True))
             self.context.log(json.dumps(record))
             if self.rows[1] and (best is None or record["val_loss"] < best["loss"]):
                 best = {"epoch": epoch + 1, "loss": record["val_loss"],
                         "state": self.strategy.full_state()}  # on rank 0
-            stopped = bool(best and patience and epoch + 1 - best["epoch"] >= patience)
+            early = bool(best and patience and epoch + 1 - best["epoch"] >= patience)
+            stopped = early or halted
             if self._epoch_checkpoint_due(epoch + 1, stopped):
                 self._checkpoint(epoch + 1, 0, history, best, stopped)
-            if stopped and best:
+            if early and best:
                 self.context.log(f"early stop after epoch {epoch + 1}: no better val_loss "
                                  f"for {patience} epochs (best epoch {best['epoch']})")
+            if halted:
+                self.context.log(f"stopped after epoch {epoch + 1}: the driver's observer "
+                                 "asked (a Tuner pruned the trial)")
+            if stopped and (best or halted):
                 break
         return history, best
+
+    def _asked_to_stop(self, answer: bool) -> bool:
+        """Under an observer (the fit's settings say so, the same on every rank): whether
+        rank 0's answer from the driver was stop, agreed by every rank in one all-reduce."""
+        if not self.observed:
+            return False
+        import torch
+
+        flag = torch.tensor([1.0 if answer else 0.0], dtype=torch.float64)
+        return float(self.backend.all_reduce_sum(flag)[0]) > 0
 
     def _train_epoch(self, train: SpilledRows, epoch: int, history: list[dict],
                      best: dict | None, first_step: int, partial_loss: float) -> float:

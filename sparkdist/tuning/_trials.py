@@ -315,7 +315,7 @@ def _child_run(run: TrialRun, trial: Any, value: float | None, state: str,
         metrics = [Metric(key, float(v), now, step) for step, rec in enumerate(records)
                    for key, v in rec.items()
                    if key not in ("epoch", "epochs") and isinstance(v, (int, float))
-                   and math.isfinite(v)]
+                   and not isinstance(v, bool) and math.isfinite(v)]
         if value is not None and not math.isnan(value):
             metrics.append(Metric(run.metric, float(value), now, 0))
         client.log_batch(child.info.run_id, metrics=metrics, params=[

@@ -7,8 +7,10 @@ stage (``numWorkers`` / ``num_workers`` tasks) starts only when that many task s
 so a ``parallelism`` above what the cluster holds queues instead of deadlocking.
 
 Pruning runs during the fits: each epoch's validation value that rank 0 reports is given to
-the trial, and where the pruner prunes it the fit's barrier job is cancelled; the trial is
-recorded PRUNED once its tasks have ended, so its slots are free (``pruneSeconds``).
+the trial, and rank 0 waits for the answer; where the pruner prunes the trial, every rank
+ends the fit after that epoch (or, where rank 0 cannot be answered, the fit's barrier job is
+cancelled); the trial is recorded PRUNED once its tasks have ended, so its slots are free
+(``pruneSeconds``).
 """
 
 from __future__ import annotations
@@ -94,7 +96,7 @@ class Tuner(Estimator, _TunerParams, ParamsPersistence, _TunerAccessors):
     pruner : "none" (default), "median", "asha" or an Optuna pruner object. An estimator that
         validates per epoch (TorchEstimator, KerasEstimator) without validation rows of its
         own is given the Tuner's validation rows, and each epoch's value reaches the pruner
-        while the fit runs; a pruned fit's barrier job is cancelled.
+        while the fit runs; a pruned fit ends after that epoch.
 
     A trial whose fit fails is recorded as FAIL with its error and the study goes on;
     TrainingError when no trial completes. A metric that does not fit the model's task stops

@@ -370,3 +370,18 @@ def test_rank_results_come_back_as_bytes_never_unpickled(spark, tmp_path):
     payload = pickle.dumps(_Planted(str(planted)))
     result = run_barrier(spark.range(2, numPartitions=2), _echo, {"payload": payload}, 2)
     assert result == payload and not planted.exists()
+
+
+def test_an_asking_record_is_answered_on_its_connection_and_others_are_not():
+    """Rank 0 of a fit under a Tuner asks after each epoch whether to stop: the answer is
+    what the dispatch returned (True only for stop), on the asking connection."""
+    token = "c" * 32
+    answers = iter([None, True])
+    with report.report_server("127.0.0.1", token, lambda record: next(answers), 4) as address, \
+            socket.create_connection(address, timeout=5) as connection, \
+            connection.makefile("rb") as lines:
+        connection.sendall(_line({"epoch": 1, "token": token}))  # a plain report: no answer
+        connection.sendall(_line({"epoch": 2, "ask": True, "token": token}))
+        assert json.loads(lines.readline()) == {"stop": True}
+        connection.sendall(_line({"epoch": 3, "ask": True, "token": token}))  # raises inside
+        assert json.loads(lines.readline()) == {"stop": False}

@@ -66,9 +66,9 @@ def test_a_pruned_fit_is_cancelled_and_frees_its_slots(spark, small, tmp_path):
     # the per-epoch values were the Tuner's validation rows': the estimator had none
     assert rows["COMPLETE"].epochs == 30 and len(model.bestModel.history) == 30
     assert "val_accuracy" in model.bestModel.history[-1]
-    # stopped after the rejected epoch, its tasks ended a few seconds after the decision
+    # the ranks stopped after the rejected epoch: its tasks ended within seconds
     assert rows["PRUNED"].epochs == 2 and rows["PRUNED"].seconds < rows["COMPLETE"].seconds
-    assert rows["PRUNED"].pruneSeconds is not None and rows["PRUNED"].pruneSeconds < 15
+    assert rows["PRUNED"].pruneSeconds is not None and rows["PRUNED"].pruneSeconds < 5
     assert spark.sparkContext.statusTracker().getActiveStageIds() == []
     assert [m.step for m in history] == [0, 1]  # the child run has its epochs
 
