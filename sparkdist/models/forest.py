@@ -142,9 +142,9 @@ class RandomForestClassifier(_TunedClassifier, MLlibEstimator, _RFClassifierPara
     ...                             classWeight="balanced", thresholdMetric="f1", seed=0)
     >>> model = rf.fit(assembled_train)
     >>> model.getThresholds(), model.validationMetric  # tuned on a validation split
-    ([0.48, 0.52], 0.63...)
+    ([0.414..., 0.586...], 0.63...)
     >>> model.transform(assembled_test).select("probability", "prediction").first()
-    Row(probability=DenseVector([0.84..., 0.15...]), prediction=0.0)
+    Row(probability=DenseVector([0.89..., 0.10...]), prediction=0.0)
     """
 
     _mllib_estimator = mllib_classification.RandomForestClassifier
