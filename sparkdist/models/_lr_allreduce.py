@@ -35,6 +35,7 @@ from pyspark.sql import DataFrame
 from sparkdist import _internals
 from sparkdist.columns import col
 from sparkdist.exceptions import ParamError, SchemaError
+from sparkdist.models import _lr_rows
 from sparkdist.session import is_connect
 
 if TYPE_CHECKING:
@@ -48,8 +49,6 @@ SOLVERS = ("auto", "allreduce", "mllib")
 #: Rows an evaluation takes at a time on CPU: a block's matrix rows (50 features: 3 MiB) stay
 #: in cache from the margins to the gradient.
 CPU_BLOCK_ROWS = 8192
-#: Bytes a rank holds per matrix cell at its peak (Arrow batches, the matrix, temporaries).
-COPIES = 3
 _BOUNDS = ("lowerBoundsOnCoefficients", "upperBoundsOnCoefficients",
            "lowerBoundsOnIntercepts", "upperBoundsOnIntercepts")
 
@@ -112,11 +111,11 @@ def _plan(dataset: DataFrame, inner: Any, stats: Any) -> Plan | str:
     workers = max(1, min(task_slots(spark), partitions))
     budget, source = memory_budget(spark)
     meta = label_classes(dataset, inner.getLabelCol())
-    need = math.ceil(rows / workers) * (dim + max(meta, 2)) * 8 * COPIES
+    need = math.ceil(rows / workers) * (dim + max(meta, 2)) * 8 * _lr_rows.COPIES
     if need > budget:
         raise ParamError(
             f"solver='allreduce' would hold about {need / 2**20:.0f} MiB per rank ({rows} rows "
-            f"x {dim} features over {workers} ranks, x{COPIES}), more than {source} = "
+            f"x {dim} features over {workers} ranks, x{_lr_rows.COPIES}), more than {source} = "
             f"{budget / 2**20:.0f} MiB; raise {source}, add executors, {fix}.")
     return Plan(num_workers=workers, partitions=partitions, dim=dim, meta_classes=meta,
                 budget=budget)
@@ -184,7 +183,7 @@ def fit(dataset: DataFrame, inner: Any, found: Plan, weight_name: str | None,
     try:
         result = _solve(rows, args, found.num_workers)
     except ParamError as err:
-        if solver != "auto" or not str(err).startswith(OVER_BUDGET):
+        if solver != "auto" or not str(err).startswith(_lr_rows.OVER_BUDGET):
             raise
         if found.partitions != found.num_workers:  # the stage spread them evenly already
             _LOG.info("LogisticRegression(solver='auto') fits with MLlib: %s", err)
@@ -224,12 +223,36 @@ def _stage_input(inner: Any, found: Plan, weight_name: str | None) -> tuple[list
 
 
 def _solve(rows: DataFrame, args: dict[str, Any], num_workers: int) -> dict[str, Any]:
+    """Rank 0's result. Where the ranks' Python workers still hold the rows of the last fit
+    of the same cached data (:mod:`._lr_rows`), the stage runs over a placeholder of one
+    row per rank instead of reading them again."""
     from sparkdist.launch.barrier import BarrierSettings, run_barrier
 
-    payload = run_barrier(rows, worker, args, num_workers,
-                          settings=BarrierSettings(rendezvous_timeout_s=300.0),
-                          description="sparkdist LogisticRegression (allreduce)")
-    result: dict[str, Any] = json.loads(payload)
+    key = _lr_rows.data_key(rows, ranks=num_workers, dim=args["dim"],
+                                centred=args["fit_intercept"], weighted=args["weighted"])
+
+    def stage(df: DataFrame, reuse: bool) -> dict[str, Any]:
+        payload = run_barrier(df, worker, {**args, "resident": key, "reuse": reuse},
+                              num_workers, settings=BarrierSettings(rendezvous_timeout_s=300.0),
+                              description="sparkdist LogisticRegression (allreduce)")
+        result: dict[str, Any] = json.loads(payload)
+        return result
+
+    if key in _lr_rows.REMEMBERED:
+        assert key is not None
+        placeholder = rows.sparkSession.range(num_workers, numPartitions=num_workers)
+        result = stage(placeholder, reuse=True)
+        if "missing" not in result:
+            _LOG.info("LogisticRegression(solver='allreduce'): the ranks held the rows of the "
+                      "last fit of the same cached data, so it read none.")
+            return result
+        _LOG.info("LogisticRegression(solver='allreduce'): the workers no longer hold every "
+                  "piece of the last fit's rows; reading them again.")
+    result = stage(rows, reuse=False)
+    if key is not None and result.get("held"):
+        _lr_rows.REMEMBERED.held(key)
+    elif key is not None:
+        _lr_rows.REMEMBERED.forget(key)
     return result
 
 
@@ -271,7 +294,8 @@ def _java_doubles(spark: Any, values: np.ndarray) -> Any:
 # ----------------------------------------------------------------------- executor: the worker
 def worker(context: WorkerContext, batches: Iterator[pa.RecordBatch],
            args: dict[str, Any]) -> bytes | None:
-    """Barrier-task entry point: read the partition, join the group, solve, return JSON."""
+    """Barrier-task entry point: read the partition (or find it held), join the group, solve,
+    return JSON."""
     import torch
 
     from sparkdist.launch import gpus
@@ -281,11 +305,27 @@ def worker(context: WorkerContext, batches: Iterator[pa.RecordBatch],
     device = gpus.apply(gpus.plan_for_task("auto", context.gpus))
     backend = TorchBackend()
     try:
+        if args["reuse"]:
+            for _ in batches:  # the placeholder's row
+                pass
+            piece, prepared = _lr_rows.piece_of(args["resident"])
+            backend.init(context, device)
+            solver = _Solver(context, backend, device, args)
+            if not _lr_rows.complete(piece, context.world_size, solver.sum) or not prepared:
+                return b'{"missing": true}' if context.rank == 0 else None
+            context.log(f"holds piece {piece} of the rows ({prepared.rows} rows)")
+            return solver.solve(prepared)
+        _lr_rows.drop()  # before reading: what it holds is not these rows
         started = time.perf_counter()
-        part = read_partition(batches, args)
+        part = _lr_rows.read_partition(batches, args)
         context.log(f"read {part.rows} rows in {time.perf_counter() - started:.2f} s")
         backend.init(context, device)
-        return _Solver(context, backend, device, part, args).run()
+        solver = _Solver(context, backend, device, args)
+        prepared = solver.prepare(part)
+        held = bool(args["resident"]) and _lr_rows.hold(args["resident"], context.rank,
+                                                            prepared)
+        all_held = solver.sum(np.array([float(held)]))[0] == context.world_size
+        return solver.solve(prepared, held=bool(all_held))
     except Exception as err:
         context.report_failure(err)  # before the shutdown: the peers fail once links close
         raise
@@ -293,77 +333,15 @@ def worker(context: WorkerContext, batches: Iterator[pa.RecordBatch],
         backend.shutdown()
 
 
-@dataclass
-class Partition:
-    """One rank's rows as arrays, and what is wrong with them (counted, not raised, so that
-    every rank raises the same error after one all-reduce)."""
-
-    x: np.ndarray  # (rows, dim) float64
-    y: np.ndarray
-    w: np.ndarray
-    bad_length: int = 0
-    null_vectors: int = 0
-    bad_weights: int = 0
-
-    @property
-    def rows(self) -> int:
-        return int(self.y.size)
-
-
-#: How a rank's over-budget partition error starts (:func:`fit` recognises it by this).
-OVER_BUDGET = "a partition holds over"
-
-
-def read_partition(batches: Iterator[pa.RecordBatch], args: dict[str, Any]) -> Partition:
-    """The partition's (features as arrays, label[, weight]) batches as one dense matrix.
-    Stops early when the partition outgrows the memory budget."""
-    dim, kept, held = args["dim"], [], 0
-    for batch in batches:
-        kept.append(batch)
-        held += batch.nbytes
-        if held * COPIES > args["budget"]:
-            raise ParamError(
-                f"{OVER_BUDGET} {held / 2**20:.0f} MiB of Arrow data, more than the "
-                f"memory budget of a rank allows ({args['budget'] / 2**20:.0f} MiB / {COPIES}); "
-                "repartition the input into more partitions or set solver='mllib'.")
-    rows = sum(batch.num_rows for batch in kept)
-    part = Partition(x=np.zeros((rows, dim)), y=np.empty(rows), w=np.ones(rows))
-    start = 0
-    while kept:
-        batch = kept.pop(0)  # release each batch once copied
-        end = start + batch.num_rows
-        part.bad_length += _fill_rows(part.x[start:end], batch.column(0))
-        part.null_vectors += batch.column(0).null_count
-        part.y[start:end] = batch.column(1).to_numpy(zero_copy_only=False)
-        if args["weighted"]:
-            weights = batch.column(2).fill_null(float("nan")).to_numpy(zero_copy_only=False)
-            part.w[start:end] = weights
-            part.bad_weights += int((~np.isfinite(weights) | (weights < 0)).sum())
-        start = end
-    return part
-
-
-def _fill_rows(out: np.ndarray, arrays: pa.Array) -> int:
-    """Write the feature arrays (Arrow lists of doubles) into ``out``; return how many do not
-    have ``out.shape[1]`` values, nulls included (then nothing is written)."""
-    rows, dim = out.shape
-    lengths = arrays.value_lengths().fill_null(0).to_numpy(zero_copy_only=False)
-    bad = int((lengths != dim).sum())
-    if not bad:
-        out[:] = arrays.flatten().to_numpy(zero_copy_only=False).reshape(rows, dim)
-    return bad
-
-
 class _Solver:
     """One rank's fit: global statistics, standardisation, optimisation, MLlib's layout."""
 
     def __init__(self, context: WorkerContext, backend: Any, device: torch.device,
-                 part: Partition, args: dict[str, Any]) -> None:
+                 args: dict[str, Any]) -> None:
         self.context, self.backend, self.device, self.args = context, backend, device, args
-        self.part = part
         self.evaluations = 0
 
-    def _sum(self, values: np.ndarray) -> np.ndarray:
+    def sum(self, values: np.ndarray) -> np.ndarray:
         import torch
 
         return self.backend.all_reduce_sum(torch.from_numpy(values)).numpy()
@@ -376,11 +354,12 @@ class _Solver:
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
         return tensor.cpu().numpy()
 
-    def run(self) -> bytes | None:
+    def prepare(self, part: _lr_rows.Partition) -> _lr_rows.Prepared:
+        """Check every rank's rows (the same error on every rank), then standardise this
+        rank's in place: what every later fit of the same rows starts from."""
         import torch
 
-        args, part = self.args, self.part
-        dim, fit_intercept = args["dim"], args["fit_intercept"]
+        dim, fit_intercept = self.args["dim"], self.args["fit_intercept"]
         high, low = np.full(dim, -np.inf), np.full(dim, np.inf)
         if part.rows:  # torch's reductions: 2.5x numpy's down the columns; NaN propagates
             high, low = (reduce(torch.from_numpy(part.x), dim=0).numpy()
@@ -390,19 +369,18 @@ class _Solver:
             (~np.isfinite(part.x)).sum())
         top = self._max(np.concatenate([[part.y.max() if part.rows else -1.0], high, -low]))
         high, low = top[1:dim + 1], -top[dim + 1:]
-        classes = self._classes(int(top[0]))
+        classes = max(int(top[0]) + 1, self.args["meta_classes"])
         shift = np.where(np.isfinite(high + low), (high + low) / 2.0, 0.0)
         part.x -= shift  # in place: sums about the middle of each column lose no precision
         w, x = part.w, part.x
         hist = np.bincount(part.y.astype(np.int64), weights=w, minlength=classes)
-        totals = self._sum(np.concatenate([
+        totals = self.sum(np.concatenate([
             [w.sum(), (w * w).sum(), part.bad_length, part.null_vectors, part.bad_weights,
              non_finite],
             w @ x, np.einsum("i,ij,ij->j", w, x, x), hist[:classes]]))
         self._check(totals[:6])
         weight_sum, square_sum = totals[0], totals[1]
         first, second = totals[6:6 + dim], totals[6 + dim:6 + 2 * dim]
-        hist = totals[6 + 2 * dim:]
         mean = shift + first / weight_sum
         denominator = weight_sum - square_sum / weight_sum
         m2 = second - weight_sum * (mean - shift) ** 2
@@ -411,11 +389,20 @@ class _Solver:
         inverse = np.divide(1.0, std, out=np.zeros(dim), where=std != 0)
         x -= (mean - shift) if fit_intercept else -shift  # centred only with an intercept
         x *= inverse
-        self.weight_sum = weight_sum
-        theta = self._optimise(classes, hist, std)
+        return _lr_rows.Prepared(
+            x=x, y=part.y, w=w, max_label=int(top[0]), weight_sum=float(weight_sum),
+            hist=totals[6 + 2 * dim:], mean=mean, std=std, inverse=inverse)
+
+    def solve(self, prepared: _lr_rows.Prepared, held: bool = False) -> bytes | None:
+        """Optimise on the prepared rows; rank 0 returns the model as JSON (with whether
+        every rank holds its rows for the next fit)."""
+        classes = self._classes(prepared.max_label)
+        self.prepared = prepared
+        theta = self._optimise(classes, prepared.hist[:classes], prepared.std)
         if self.context.rank != 0:
             return None
-        return json.dumps(self._model(theta, classes, mean, inverse)).encode()
+        model = self._model(theta, classes, prepared.mean, prepared.inverse)
+        return json.dumps({**model, "held": held}).encode()
 
     def _classes(self, max_label: int) -> int:
         args = self.args
@@ -485,7 +472,7 @@ class _Solver:
     def _objective(self, classes: int) -> Any:
         import torch
 
-        part, device, dim = self.part, self.device, self.args["dim"]
+        part, device, dim = self.prepared, self.device, self.args["dim"]
         x = torch.from_numpy(part.x).to(device)
         y = torch.from_numpy(part.y).to(device)
         w = torch.from_numpy(part.w).to(device)
@@ -533,9 +520,9 @@ class _Solver:
         def objective(theta: np.ndarray) -> tuple[float, np.ndarray]:
             self.evaluations += 1
             with torch.no_grad():
-                summed = self._sum(local(torch.from_numpy(theta).to(device)).cpu().numpy())
-            value = summed[0] / self.weight_sum + 0.5 * float(self.l2 @ (theta * theta))
-            return float(value), summed[1:] / self.weight_sum + self.l2 * theta
+                summed = self.sum(local(torch.from_numpy(theta).to(device)).cpu().numpy())
+            value = summed[0] / part.weight_sum + 0.5 * float(self.l2 @ (theta * theta))
+            return float(value), summed[1:] / part.weight_sum + self.l2 * theta
 
         return objective
 

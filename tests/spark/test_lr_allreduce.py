@@ -11,9 +11,10 @@ import logging
 import numpy as np
 import pytest
 from pyspark.ml.linalg import Vectors
+from pyspark.sql import functions as F
 
 from sparkdist.exceptions import ParamError, SchemaError
-from sparkdist.models import LogisticRegression, LogisticRegressionModel, _lr_allreduce
+from sparkdist.models import LogisticRegression, LogisticRegressionModel, _lr_allreduce, _lr_rows
 from sparkdist.models._quasi_newton import minimize
 from sparkdist.persist import load_model, save_model
 
@@ -342,3 +343,42 @@ def test_allreduce_model_carries_mllib_training_summary(cancer, multiclass):
     multinomial = LogisticRegression(solver="allreduce", regParam=0.01).fit(multiclass[0])
     assert multinomial.summary.accuracy == pytest.approx(
         multinomial.summary.predictions.where("prediction = label").count() / 2000)
+
+
+def test_only_cached_deterministic_rows_have_a_data_key(spark, cached):
+    base = spark.range(50).selectExpr("id", "cast(id % 2 as double) as label")
+    assert _lr_rows.data_key(base) is None  # read from its source each time
+    with cached(base) as rows:
+        key = _lr_rows.data_key(rows, ranks=2)
+        assert key is not None and key == _lr_rows.data_key(rows, ranks=2)
+        assert _lr_rows.data_key(rows, ranks=1) != key
+        assert _lr_rows.data_key(rows.select("label")) not in (None, key)
+        assert _lr_rows.data_key(rows.withColumn("r", F.rand())) is None
+    with cached(base) as again:  # cached anew: other blocks, perhaps other rows
+        assert _lr_rows.data_key(again, ranks=2) != key
+
+
+@pytest.mark.slow
+def test_later_fits_of_the_same_cached_rows_reuse_the_ranks_rows(cancer, multiclass, caplog,
+                                                                 monkeypatch):
+    """A second fit of the same cached rows (another regParam) runs on the rows its ranks'
+    Python workers kept, with the model a fit that reads them gets; where a worker no longer
+    holds them (it read other data since), the fit reads them again."""
+    train, _ = cancer
+    params = {"solver": "allreduce", "weightCol": "w", "regParam": 0.01, **CONVERGED}
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    LogisticRegression(**{**params, "regParam": 0.1}).fit(train)
+    assert "read none" not in caplog.text
+    reused = LogisticRegression(**params).fit(train)
+    assert "read none" in caplog.text
+    monkeypatch.setattr(_lr_rows, "REMEMBERED", _lr_rows.Remembered())  # the driver forgets
+    caplog.clear()
+    read = LogisticRegression(**params).fit(train)
+    assert "read none" not in caplog.text
+    coefficients = reused.coefficientMatrix.toArray()
+    np.testing.assert_array_equal(coefficients, read.coefficientMatrix.toArray())
+    LogisticRegression(solver="allreduce").fit(multiclass[0])  # the workers now hold these
+    caplog.clear()
+    again = LogisticRegression(**params).fit(train)
+    assert "no longer hold every piece" in caplog.text and "read none" not in caplog.text
+    np.testing.assert_array_equal(coefficients, again.coefficientMatrix.toArray())
