@@ -331,14 +331,13 @@ class _Trainer:
         rank skips it: none waits). Every step reseeds torch from (seed, epoch, step, rank),
         so a resumed step draws what the uninterrupted one drew (dropout), and takes the rate
         of its number across epochs (with learningRateScaling)."""
-        import torch
-
         if not self.global_sizes[step]:
             return None
         optim = self.spec.optim
         if optim.lr_scaling != "none":
             schedule.apply(self.optimizer, optim.rate_at(self.epoch_start + step))
-        torch.manual_seed(resume.step_seed(optim.seed, epoch, step, self.context.rank))
+        resume.seed_torch(resume.step_seed(optim.seed, epoch, step, self.context.rank),
+                          self.device)
         return self.strategy.train_step(self._arguments(features),
                                         target.scaled(self.weight_scale).to(self.device),
                                         self.context.world_size / float(self.global_sizes[step]),

@@ -29,7 +29,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from sparkdist.exceptions import ParamError
-from sparkdist.torchtrain import strategies
+from sparkdist.torchtrain import resume, strategies
 from sparkdist.torchtrain.network import build_module, loss_sum
 from sparkdist.torchtrain.strategies.base import WholeModel
 
@@ -193,7 +193,7 @@ class Strategy(WholeModel):
         if self._own_seed is None or not self.module.training:
             return
         self._saved_rng = (torch.get_rng_state(), self._device_rng())
-        torch.manual_seed((self._own_seed + _MIX * (pair + 1)) % 2**63)
+        resume.seed_torch((self._own_seed + _MIX * (pair + 1)) % 2**63, self.device)
 
     def _leave_split(self) -> None:
         """Before the rowwise layer: back to the stream every rank shares."""
@@ -244,7 +244,7 @@ class Strategy(WholeModel):
 
         self._own_seed = torch.initial_seed()  # the loop's seed for this rank and step
         rows, _, shared = self._gather(torch.cat([features, target.label.unsqueeze(1)], dim=1))
-        torch.manual_seed(shared)  # replicated activations draw the same dropout masks
+        resume.seed_torch(shared, self.device)  # replicated activations: the same dropout
         output = self.model(rows[:, :-1])
         loss = loss_sum(self.spec.model.loss_fn, output, Target(rows[:, -1]))
         optimizer.zero_grad()
