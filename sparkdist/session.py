@@ -56,8 +56,9 @@ def get_spark(
     is the launcher's, else ``master``, else ``$SPARKDIST_MASTER``, else ``local[*]``. Keys
     the launcher left unset are filled in: ``conf`` and ``SPARKDIST_CONF_<key with '.'
     written '__'>``, then Arrow enabled, the driver bound to 127.0.0.1 in local modes,
-    shuffle partitions sized to the cores, no console progress bar, and for local masters the
-    Python daemon that preloads torch (:func:`preload_conf`). Keys that act only when the
+    shuffle partitions sized to the cores, no console progress bar, and where the executors
+    run on this machine (or ``$SPARKDIST_PRELOAD=1``) the Python daemon that preloads torch
+    (:func:`preload_conf`). Keys that act only when the
     driver's JVM starts (:data:`LAUNCH_KEYS`: ``spark.driver.memory``,
     ``spark.driver.extraJavaOptions``, ``spark.jars.packages``, ...) go on the JVM's command
     line when this call starts it, as pyspark's builder does (``spark-defaults.conf`` and
@@ -475,13 +476,16 @@ def _default_conf(master: str) -> dict[str, str]:
 
 
 def preload_conf(master: str, chosen: Mapping[str, str]) -> dict[str, str]:
-    """``spark.python.daemon.module=sparkdist.launch.daemon`` for a local master: Python
-    workers fork from a daemon that imported torch once, so a TorchEstimator task does not
-    pay the import (:mod:`sparkdist.launch.daemon`). Only where the executors' Python (the
-    ``spark.pyspark.python`` of ``chosen``, else ``$PYSPARK_PYTHON``) is this one or can
-    import that module (a UDF would fail in every worker otherwise), and not when ``chosen``
-    names a daemon or ``$SPARKDIST_PRELOAD`` is 0 (pyspark's own daemon: workers without
-    torch, about 200 MB less RSS each).
+    """``spark.python.daemon.module=sparkdist.launch.daemon``: Python workers fork from a
+    daemon that imported torch once, so a TorchEstimator task does not pay the import
+    (:mod:`sparkdist.launch.daemon`). Where the executors run on this machine (a local or
+    local-cluster master, or a standalone master on loopback, whose workers can only be
+    local), only when their Python (the ``spark.pyspark.python`` of ``chosen``, else
+    ``$PYSPARK_PYTHON``) is this one or can import that module: a UDF would fail in every
+    worker otherwise. On any other master, only when ``$SPARKDIST_PRELOAD`` is set to 1:
+    its executors cannot be checked from here, so the user says they import sparkdist. Never
+    when ``chosen`` names a daemon or ``$SPARKDIST_PRELOAD`` is 0 (pyspark's own daemon:
+    workers without torch, about 200 MB less RSS each).
 
     Raises
     ------
@@ -489,8 +493,11 @@ def preload_conf(master: str, chosen: Mapping[str, str]) -> dict[str, str]:
     """
     from sparkdist.launch import daemon
 
-    if not master.startswith("local") or daemon.CONF in chosen or not _preload_wanted():
+    if daemon.CONF in chosen or not _preload_wanted():
         return {}
+    if not _executors_here(master):
+        asked = os.environ.get(ENV_PRELOAD, "").strip().lower() in ("1", "true")
+        return {daemon.CONF: daemon.MODULE} if asked else {}
     python = chosen.get("spark.pyspark.python") or os.environ.get("PYSPARK_PYTHON", "python3")
     if _is_this_python(python) or _imports(python, daemon.MODULE):
         return {daemon.CONF: daemon.MODULE}
@@ -499,12 +506,28 @@ def preload_conf(master: str, chosen: Mapping[str, str]) -> dict[str, str]:
     return {}
 
 
+def _executors_here(master: str) -> bool:
+    """Whether ``master``'s executors run on this machine: local masters, and standalone
+    masters on loopback (``spark://127.0.0.1:7077``), which no other machine can reach.
+
+    >>> [_executors_here(m) for m in ("local[2]", "local-cluster[2,1,1024]",
+    ...                              "spark://127.0.0.1:7077", "spark://10.0.0.5:7077", "yarn")]
+    [True, True, True, False, False]
+    """
+    if master.startswith("local"):
+        return True
+    host = master.removeprefix("spark://").rsplit(":", 1)[0] if master.startswith(
+        "spark://") else ""
+    return host in ("127.0.0.1", "localhost", "[::1]")
+
+
 def _preload_wanted() -> bool:
     value = os.environ.get(ENV_PRELOAD, "1")
     if value.strip().lower() not in ("0", "1", "false", "true", ""):
         raise ClusterConfigError(
-            f"${ENV_PRELOAD}={value!r}: write 0 (pyspark's own Python daemon) or 1 (the "
-            "default: sparkdist.launch.daemon, torch preloaded, for local masters).")
+            f"${ENV_PRELOAD}={value!r}: write 0 (pyspark's own Python daemon) or 1 "
+            "(sparkdist.launch.daemon, torch preloaded: the default where the executors run "
+            "on this machine; set it for other masters whose executors import sparkdist).")
     return value.strip().lower() not in ("0", "false")
 
 

@@ -23,12 +23,13 @@ A module that fails to import is skipped (the daemon works as pyspark's own does
 optional extra), and nothing a module prints at import reaches the daemon's stdout, which
 carries its port to the JVM.
 
-:func:`sparkdist.session.get_spark` sets the conf by default for local masters, where the
-executors run this very Python environment or one that imports this module (:data:`CONF`),
-unless ``$SPARKDIST_PRELOAD`` is 0 (:func:`sparkdist.session.preload_conf`). The cost: every
-worker maps torch's libraries, about 200 MB more RSS than a plain pyspark worker (mostly pages
-shared with the daemon, but pyspark's spill threshold ``spark.python.worker.memory`` compares
-RSS).
+:func:`sparkdist.session.get_spark` sets the conf (:data:`CONF`) by default where the
+executors run on this machine (local masters, a standalone master on loopback) in this very
+Python environment or one that imports this module, on other masters only with
+``$SPARKDIST_PRELOAD=1``, and never with ``$SPARKDIST_PRELOAD=0``
+(:func:`sparkdist.session.preload_conf`). The cost: every worker maps torch's libraries,
+about 200 MB more RSS than a plain pyspark worker (mostly pages shared with the daemon, but
+pyspark's spill threshold ``spark.python.worker.memory`` compares RSS).
 """
 
 from __future__ import annotations

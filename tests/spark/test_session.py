@@ -53,7 +53,12 @@ def test_preload_needs_an_executor_python_that_imports_the_daemon(monkeypatch, t
     monkeypatch.setenv("PYSPARK_PYTHON", base)
     assert preload_conf("local[2]", {}) == {}
     assert preload_conf("local[2]", {daemon.CONF: "pyspark.daemon"}) == {}  # chosen: kept
-    assert preload_conf("spark://host:7077", {}) == {}  # executors elsewhere: never
+    assert preload_conf("spark://host:7077", {}) == {}  # executors elsewhere: unless asked
+    monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
+    assert preload_conf("spark://127.0.0.1:7077", {}) == preloaded  # workers on loopback
+    monkeypatch.setenv(ENV_PRELOAD, "1")  # the user says the executors import sparkdist
+    assert preload_conf("spark://host:7077", {}) == preloaded
+    assert preload_conf("yarn", {daemon.CONF: "pyspark.daemon"}) == {}  # chosen: kept
 
 
 @pytest.mark.parametrize("value", ["0", "false"])
