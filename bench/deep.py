@@ -10,9 +10,14 @@ side, the sides alternating (A B A B A B). Each figure carries its definition in
 - memory: max peak RSS over the training workers at 4N rows against N rows (<= 1.2).
 - scaling: samples/s of 2 workers against 1 at the default batchSize, optimizer and learning
   rate (>= 1.5); the same at batchSize 8192; the machine's ceiling for context.
-- time_to_accuracy: wall time for 2 workers against 1 to reach a validation accuracy (<= 0.65).
+- time_to_accuracy: wall time for 2 workers against 1 to reach a validation accuracy (<= 0.65),
+  both at the defaults; beside it (``recommended``) the 2-worker side with the learning rate
+  docs/deep-models.md recommends for several workers (``learningRateScaling='linear'``,
+  ``warmupSteps=300``), the 1-worker side unchanged.
 - overhead: a 1-step fit against ``TorchDistributor.run`` of the same DDP step, cold (each call
-  in a fresh process) (<= 0.35) and warm (<= 0.15).
+  in a fresh process) (<= 0.35) and warm (<= 0.15); beside the cold figure (local[2] or
+  $SPARKDIST_MASTER, session by get_spark) the same on ``local-cluster[2,1,1024]`` with the
+  session built by get_spark and by a plain ``SparkSession.builder`` (``cold_local_cluster``).
 - recovery: extra wall time of a fit whose worker is SIGKILLed mid-epoch, against one cold
   1-step fit plus one checkpoint interval (<= 1.0).
 - barrier_syncs: Spark barrier syncs per fit, from Spark's BarrierCoordinator log lines.
@@ -210,11 +215,34 @@ def rounded(values: list[float], digits: int = 3) -> list[float]:
 
 
 # ---------------------------------------------------------------------------- data, estimators
-def session(conf: dict[str, str]) -> Any:
-    """bench/_common.py's session (local[2] or $SPARKDIST_MASTER), plus ``conf``."""
+def session(conf: dict[str, str], master: str | None = None) -> Any:
+    """bench/_common.py's session (``master``, else $SPARKDIST_MASTER or local[2]; through
+    sparkdist.session.get_spark), plus ``conf``."""
     from _common import start_spark  # bench/ is on sys.path: run as python bench/deep.py
 
-    return start_spark("sparkdist-bench-deep", {**SPARK_CONF, **conf})
+    return start_spark("sparkdist-bench-deep", {**SPARK_CONF, **conf}, master=master)
+
+
+def plain_conf(master: str) -> dict[str, str]:
+    """What a user's own ``SparkSession.builder`` sets for the cold figure's ``plain`` rows:
+    the master, the bench's UI, loopback and shuffle settings, and nothing of sparkdist's (no
+    ``spark.python.daemon.module``, no Arrow or other get_spark defaults)."""
+    return {"spark.master": master, "spark.app.name": "sparkdist-bench-deep-plain",
+            "spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
+            "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
+            **SPARK_CONF}
+
+
+def plain_session(master: str) -> Any:
+    """A session built as a user would, without sparkdist: ``SparkSession.builder`` with
+    :func:`plain_conf` (the executors run this Python, as $PYSPARK_PYTHON says)."""
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = SparkSession.builder
+    for key, value in plain_conf(master).items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
 
 
 def vector_frame(spark: Any, rows: int, dim: int, seed: int, partitions: int) -> Any:
@@ -572,32 +600,77 @@ def time_to(model: Any, wall_s: float, threshold: float) -> float | None:
     return None
 
 
+#: What docs/deep-models.md ("Several workers: the learning rate") recommends for 2-8
+#: workers: the linear rule with a warm-up of a few hundred steps (its example's 300).
+RECOMMENDED_SCALING = {"learningRateScaling": "linear", "warmupSteps": 300}
+
+
+def accuracy_sides(frames: dict[int, Any], epochs: int) -> dict[str, Callable[[], Any]]:
+    """The time-to-accuracy fits: 1 and 2 workers at the defaults, and 2 workers with the
+    documented several-worker settings (which leave 1 worker unchanged, so the 1-worker fit
+    at the defaults is that row's reference too)."""
+    def fit(workers: int, **settings: Any) -> Callable[[], Any]:
+        return lambda: estimator(epochs=epochs, numWorkers=workers, validationFraction=0.1,
+                                 **settings).fit(frames[workers])
+
+    return {"workers_1": fit(1), "workers_2": fit(2),
+            "workers_2_recommended": fit(2, **RECOMMENDED_SCALING)}
+
+
+def accuracy_row(one: float | None, two: float | None, definition: str, **fields: Any) -> dict:
+    """One time-to-accuracy figure: 2 workers' seconds over 1's (None where either side never
+    reached the threshold)."""
+    return figure(two / one if one and two else None, "<= 0.65", definition,
+                  seconds_workers_1=round(one, 3) if one else None,
+                  seconds_workers_2=round(two, 3) if two else None, **fields)
+
+
 def time_to_accuracy(capture: Capture, frames: dict[int, Any], rows: int, epochs: int,
                      threshold: float, repeats: int) -> dict:
-    fits = {f"workers_{n}": (lambda n=n: estimator(  # type: ignore[misc]
-        epochs=epochs, numWorkers=n, validationFraction=0.1).fit(frames[n])) for n in (1, 2)}
+    """The figure at the defaults (both sides), and beside it ``recommended``: the 2-worker
+    side with docs/deep-models.md's several-worker learning rate (RECOMMENDED_SCALING)."""
+    fits = accuracy_sides(frames, epochs)
     sides = alternate(capture, fits, repeats, fits=set(fits))
     reached: dict[str, list[float | None]] = {
         name: [time_to(model, s, threshold) for model, s in zip(side.results, side.seconds)]
         for name, side in sides.items()}
     medians = {name: (statistics.median(times) if None not in times else None)
                for name, times in reached.items()}
-    one, two = medians["workers_1"], medians["workers_2"]
-    return figure(
-        two / one if one and two else None, "<= 0.65",
-        f"seconds for 2 workers over 1 to reach validation accuracy {threshold} on "
-        f"datasets.make_nonlinear({rows}, dim=8) (10% held out by validationFraction), "
-        "default MLP, batchSize, optimizer and learningRate; one fit of "
-        f"{epochs} epochs per run, and its time to the threshold = (fit wall time - sum of "
-        "the epochs' seconds) + the seconds of the epochs up to the first whose val_accuracy "
-        "reaches it; None where a side never reached it; " + PROTOCOL.format(n=repeats),
+    common = (f"validation accuracy {threshold} on datasets.make_nonlinear({rows}, dim=8) "
+              "(10% held out by validationFraction), default MLP, batchSize (per worker), "
+              "optimizer and learningRate; one fit of "
+              f"{epochs} epochs per run, and its time to the threshold = (fit wall time - sum "
+              "of the epochs' seconds) + the seconds of the epochs up to the first whose "
+              "val_accuracy reaches it; None where a side never reached it; the three fits "
+              "(1 worker, 2 workers at the defaults, 2 workers recommended) alternate, "
+              + PROTOCOL.format(n=repeats))
+    settings = ", ".join(f"{key}={value!r}" for key, value in RECOMMENDED_SCALING.items())
+    recommended = accuracy_row(
+        medians["workers_1"], medians["workers_2_recommended"],
+        "the same as the figure at the defaults except the 2-worker side: seconds for 2 "
+        f"workers with {settings} (docs/deep-models.md, 'Several workers: the learning rate': "
+        "the rate ramps from learningRate to 2 x learningRate over the first "
+        f"{RECOMMENDED_SCALING['warmupSteps']} steps) over 1 worker at the defaults (the rule "
+        "changes nothing for 1 worker) to reach " + common,
+        settings_workers_2=dict(RECOMMENDED_SCALING),
+        runs_s_workers_1=[round(t, 3) if t else None for t in reached["workers_1"]],
+        runs_s_workers_2=[round(t, 3) if t else None
+                          for t in reached["workers_2_recommended"]],
+        val_accuracy_workers_2=[round(e.get("val_accuracy", 0), 4)
+                                for e in sides["workers_2_recommended"].results[-1].history],
+        lr_workers_2=[e.get("lr") for e in sides["workers_2_recommended"].results[-1].history])
+    return {**accuracy_row(
+        medians["workers_1"], medians["workers_2"],
+        "seconds for 2 workers over 1 to reach " + common + "; both sides at the defaults "
+        "(learningRateScaling 'none'); 'recommended' beside it: the 2-worker side with the "
+        "documented several-worker learning rate",
         threshold=threshold, rows=rows, epochs=epochs,
-        **{f"seconds_{name}": (round(m, 3) if m else None) for name, m in medians.items()},
-        **{f"runs_s_{name}": [round(t, 3) if t else None for t in times]
-           for name, times in reached.items()},
+        **{f"runs_s_{name}": [round(t, 3) if t else None for t in reached[name]]
+           for name in ("workers_1", "workers_2")},
         **{f"val_accuracy_{name}": [round(e.get("val_accuracy", 0), 4)
                                     for e in sides[name].results[-1].history]
-           for name in sides})
+           for name in ("workers_1", "workers_2")}),
+        "recommended": recommended}
 
 
 # -------------------------------------------------------------------------------- overhead
@@ -652,26 +725,80 @@ def step_calls(spark: Any) -> tuple[Any, dict[str, Callable[[], Any]]]:
     return df, {"sparkdist": fit, "torch_distributor": distributor}
 
 
-def cold_call(side: str) -> None:
-    """In a fresh process (``--cold SIDE``): a SparkSession, the data (a JVM-only job, for
-    both sides alike), then one timed call; prints {"seconds": ...}."""
-    spark = session({})
+#: The cold figure's rows on a multi-process master (issue 32): 2 executor JVMs of 1 core.
+CLUSTER_MASTER = "local-cluster[2,1,1024]"
+#: How the cold process builds its session: sparkdist.session.get_spark (through
+#: bench/_common.start_spark), or the user's own plain SparkSession.builder (plain_conf).
+BUILDERS = ("get_spark", "plain")
+DAEMON_CONF = "spark.python.daemon.module"
+
+
+def cold_call(side: str, master: str | None = None, builder: str = "get_spark") -> None:
+    """In a fresh process (``--cold SIDE``, ``--cold-master``, ``--cold-builder``): a
+    SparkSession (``builder``: get_spark or plain), the data (a JVM-only job, for both sides
+    alike), then one timed call; prints {"seconds": ...} with the session's master and
+    Python daemon module."""
+    spark = session({}, master) if builder == "get_spark" else plain_session(str(master))
     _, calls = step_calls(spark)
     begin = time.perf_counter()
     calls[side]()
     seconds = time.perf_counter() - begin
+    found = {"side": side, "seconds": seconds, "master": spark.sparkContext.master,
+             "builder": builder, "daemon_module": spark.conf.get(DAEMON_CONF, None)}
     spark.stop()
-    print(json.dumps({"side": side, "seconds": seconds}))
+    print(json.dumps(found))
 
 
-def cold_run(side: str) -> float:
-    done = subprocess.run([sys.executable, __file__, "--cold", side], capture_output=True,
-                          text=True, env=os.environ.copy())
+def cold_command(side: str, master: str | None = None, builder: str = "get_spark") -> list[str]:
+    """The command line of one cold call (the existing row: no master, get_spark)."""
+    command = [sys.executable, __file__, "--cold", side]
+    if master is not None:
+        command += ["--cold-master", master]
+    return command + (["--cold-builder", builder] if builder != "get_spark" else [])
+
+
+def cold_result(side: str, master: str | None = None, builder: str = "get_spark") -> dict:
+    done = subprocess.run(cold_command(side, master, builder), capture_output=True, text=True,
+                          env=os.environ.copy())
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode or not lines:
-        raise RuntimeError(f"cold {side} run failed (exit {done.returncode}):\n"
-                           f"{done.stderr[-3000:]}")
-    return float(json.loads(lines[-1])["seconds"])
+        raise RuntimeError(f"cold {side} run ({master or 'default master'}, {builder}) failed "
+                           f"(exit {done.returncode}):\n{done.stderr[-3000:]}")
+    return dict(json.loads(lines[-1]))
+
+
+def cold_run(side: str, master: str | None = None, builder: str = "get_spark") -> float:
+    return float(cold_result(side, master, builder)["seconds"])
+
+
+def cold_cluster_row(capture: Capture, master: str, builder: str, rounds: int,
+                     definition: str) -> dict:
+    """One cold row on ``master`` with sessions built by ``builder``: both sides' fresh
+    processes alternating, ``rounds`` rounds."""
+    runs: dict[str, list[dict]] = {"sparkdist": [], "torch_distributor": []}
+    for _ in range(rounds):
+        for side, found in runs.items():
+            found.append(cold_result(side, master, builder))
+    seconds = {side: [run["seconds"] for run in found] for side, found in runs.items()}
+    capture.log(f"overhead, cold runs on {master} ({builder}): {seconds}")
+    ours, theirs = (statistics.median(seconds[s]) for s in ("sparkdist", "torch_distributor"))
+    built = ("sparkdist.session.get_spark (through bench/_common.start_spark: its local-master "
+             "defaults, among them spark.python.daemon.module=sparkdist.launch.daemon)"
+             if builder == "get_spark" else
+             "a plain SparkSession.builder as a user would build it, with only spark.master, "
+             "the UI off, the driver bound to 127.0.0.1 and spark.sql.shuffle.partitions=2 "
+             "(no sparkdist conf: pyspark's own Python daemon)")
+    return figure(
+        ours / theirs, "<= 0.35", definition + (
+            f"; cold on {master}: each call is the first in a fresh Python process whose "
+            f"SparkSession is built by {built}, then the data cached by a JVM-only job, then "
+            "the call timed; both sides' processes on the same master and builder, "
+            f"alternating, median of {rounds}"),
+        master=master, builder=builder,
+        daemon_module=sorted({str(run["daemon_module"]) for f in runs.values() for run in f}),
+        sparkdist_s=round(ours, 3), torch_distributor_s=round(theirs, 3),
+        sparkdist_runs_s=rounded(seconds["sparkdist"]),
+        torch_distributor_runs_s=rounded(seconds["torch_distributor"]))
 
 
 def overhead(capture: Capture, spark: Any, repeats: int,
@@ -695,8 +822,17 @@ def overhead(capture: Capture, spark: Any, repeats: int,
                   "step's) over TorchDistributor(num_processes=2, local_mode=False, "
                   "use_gpu=False).run of the same single DDP step (gloo, same MLP, Adam, "
                   "the same rows per process)").format(**STEP_MODEL)
+    clusters: dict[str, dict] = {}
+    for builder in BUILDERS:  # a row that cannot start leaves its error, not the section's
+        try:
+            clusters[builder] = cold_cluster_row(capture, CLUSTER_MASTER, builder, cold_rounds,
+                                                 definition)
+        except Exception as error:
+            clusters[builder] = {"error": f"{type(error).__name__}: {error}"[-3000:],
+                                 "master": CLUSTER_MASTER, "builder": builder}
     return {
         "setup": setup,
+        "cold_local_cluster": clusters,
         "cold": figure(cold_ratio, "<= 0.35", definition + (
             "; cold: each call is the first in a fresh Python process with its own "
             "SparkSession (started, data cached by a JVM-only job, then the call timed), "
@@ -814,6 +950,9 @@ def arguments() -> tuple[argparse.Namespace, Sizes]:
     parser.add_argument("--only", help="comma-separated sections (development)")
     parser.add_argument("--cold", choices=("sparkdist", "torch_distributor"),
                         help=argparse.SUPPRESS)
+    parser.add_argument("--cold-master", help=argparse.SUPPRESS)
+    parser.add_argument("--cold-builder", choices=BUILDERS, default="get_spark",
+                        help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.quick:
         return args, Sizes(100_000, 20_000, 2, 20_000, 3, 0.7, 20_000, 2, 1, 1, 50)
@@ -914,7 +1053,7 @@ def main() -> None:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     args, sizes = arguments()
     if args.cold:
-        return cold_call(args.cold)
+        return cold_call(args.cold, args.cold_master, args.cold_builder)
     started = time.perf_counter()
     load = [os.getloadavg()[0]]
     with Capture() as capture:  # before the JVM starts, so that it inherits the capture

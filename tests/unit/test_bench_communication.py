@@ -30,25 +30,51 @@ def test_time_to_accuracy_is_the_fixed_costs_plus_the_epochs_up_to_the_threshold
 
 
 def test_figures_are_ratios_against_fp32_with_bytes_per_step_of_the_busiest_rank():
-    runs = {"fp32": _run([4.0, 5.0, 6.0], [8000.0, 8000.0], [0.9, 0.96, 0.97]),
-            "fp16": _run([4.0, 4.0, 4.0], [4000.0, 4000.0], [0.9, 0.96, 0.97]),
-            "sync4": _run([2.0, 2.0, 2.0], [1500.0, 2000.0], [0.9, 0.9, 0.96], epoch_s=0.5)}
-    sides = communication.figures(runs, epochs=2, threshold=0.95)
-    assert sides["fp32"]["allreduce_bytes_per_step"] == 400.0  # 8000 / (10 steps x 2 epochs)
+    runs = {"fp32": _run([4.0, 5.0, 6.0], [8000.0, 8000.0], [0.8, 0.9, 0.96, 0.97]),
+            "fp16": _run([4.0, 4.0, 4.0], [4000.0, 4000.0], [0.8, 0.9, 0.96, 0.97]),
+            "sync4": _run([2.0, 2.0, 2.0], [1500.0, 2000.0], [0.8, 0.96, 0.9, 0.95],
+                          epoch_s=0.25)}
+    sides = communication.figures(runs, epochs=4, threshold=0.95)
+    assert sides["fp32"]["allreduce_bytes_per_step"] == 200.0  # 8000 / (10 steps x 4 epochs)
     assert sides["fp16"]["ratios"]["allreduce_bytes_per_step"] == 0.5
     assert sides["sync4"]["ratios"]["allreduce_bytes_per_step"] == 0.25
-    assert sides["fp32"]["samples_per_s"] == 400.0  # 1000 rows x 2 epochs / 5 s (median)
+    assert sides["fp32"]["samples_per_s"] == 800.0  # 1000 rows x 4 epochs / 5 s (median)
     assert sides["fp16"]["ratios"]["samples_per_s"] == 1.25
-    # fp32: (5 - 3) + 2 epochs = 4 s; sync4: (2 - 1.5) + 1.5 = 2 s
+    # fp32: (5 - 4) + 3 epochs = 4 s; sync4: (2 - 1) + 2 x 0.25 = 1.5 s
     assert sides["fp32"]["time_to_accuracy_s"] == 4.0
-    assert sides["sync4"]["ratios"]["time_to_accuracy_s"] == 0.5
+    assert sides["sync4"]["ratios"]["time_to_accuracy_s"] == 0.375
+    assert sides["fp32"]["reached_at_epoch_runs"] == [3, 3, 3]
+    assert sides["sync4"]["reached_at_epoch_runs"] == [2, 2, 2]
+    assert sides["sync4"]["final_val_accuracy"] == 0.95
+    assert sides["sync4"]["threshold"] == 0.95
     verdict = communication.best(sides)
-    assert verdict == {"mode": "sync4", "ratio": 0.5, "target": "<= 0.7", "meets_target": True}
+    assert verdict == {"mode": "sync4", "ratio": 0.375, "target": "<= 0.7",
+                       "meets_target": True, "threshold": 0.95,
+                       "threshold_reached_by_fp32_at_epoch": 3}
+
+
+def test_the_straggler_threshold_is_the_lowest_fp32_accuracy_after_its_third_epoch():
+    runs = {"fp32": _run([4.0, 5.0], [8.0, 8.0], [0.8, 0.9, 0.95, 0.97])}
+    runs["fp32"]["histories"][1] = [{"seconds": 1.0, "val_accuracy": a}
+                                    for a in (0.8, 0.9, 0.94, 0.97)]
+    assert communication.fp32_threshold(runs) == 0.94
+    one_epoch = {"fp32": _run([4.0], [8.0, 8.0], [0.8])}
+    assert communication.fp32_threshold(one_epoch) == 0.8
+
+
+def test_no_verdict_when_fp32_reaches_the_threshold_before_its_third_epoch():
+    runs = {"fp32": _run([4.0], [8.0, 8.0], [0.96, 0.97, 0.98]),
+            "sync4": _run([2.0], [4.0, 4.0], [0.96, 0.97, 0.98])}
+    verdict = communication.best(communication.figures(runs, epochs=3, threshold=0.95))
+    assert verdict["threshold_reached_by_fp32_at_epoch"] == 1
+    assert verdict["meets_target"] is None and verdict["mode"] is None
+    assert "before its 3rd" in verdict["reason"]
 
 
 def test_a_mode_that_never_reaches_the_threshold_has_no_time_and_no_verdict():
-    runs = {"fp32": _run([4.0], [8.0, 8.0], [0.96]), "bf16": _run([4.0], [4.0, 4.0], [0.9])}
-    sides = communication.figures(runs, epochs=1, threshold=0.95)
+    runs = {"fp32": _run([4.0], [8.0, 8.0], [0.9, 0.9, 0.96]),
+            "bf16": _run([4.0], [4.0, 4.0], [0.9, 0.9, 0.9])}
+    sides = communication.figures(runs, epochs=3, threshold=0.95)
     assert sides["bf16"]["time_to_accuracy_s"] is None
     assert communication.best(sides)["mode"] is None
 
@@ -67,3 +93,7 @@ def test_quick_run_prints_every_mode_with_and_without_the_straggler_on_both_mode
         assert set(sides) == set(communication.MODES)
         assert sides["fp16"]["ratios"]["allreduce_bytes_per_step"] == 0.5
         assert all(side["samples_per_s"] > 0 for side in sides.values())
+    for section in ("straggler", "straggler_wide_model"):  # 1 epoch: fp32 reaches it at 1
+        verdict = line[section]["best"]
+        assert verdict["threshold_reached_by_fp32_at_epoch"] == 1
+        assert verdict["meets_target"] is None and verdict["reason"]

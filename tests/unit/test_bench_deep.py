@@ -193,3 +193,113 @@ def test_report_renders_the_ddp_rows():
     rows.clear()
     report._ddp_rows({"ddp_reference": {"error": "x"}}, lambda *a, **k: rows.append(a))
     assert rows == []
+
+
+# ------------------------------------ issue 32: the recommended rate, cold on local-cluster
+def _fit_model(accuracies: list[float], seconds: float = 1.0) -> SimpleNamespace:
+    return SimpleNamespace(history=[{"seconds": seconds, "val_accuracy": a, "lr": 0.001}
+                                    for a in accuracies])
+
+
+def test_the_recommended_row_changes_only_the_two_worker_side():
+    from sparkdist.models import TorchEstimator
+
+    built: list[dict] = []
+
+    class Est:
+        def __init__(self, **kwargs):
+            built.append(kwargs)
+
+        def fit(self, df):
+            return df
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(deep, "estimator", lambda **kwargs: Est(**kwargs))
+        sides = deep.accuracy_sides({1: "one", 2: "two"}, epochs=3)
+        assert list(sides) == ["workers_1", "workers_2", "workers_2_recommended"]
+        assert [sides[name]() for name in sides] == ["one", "two", "two"]
+    one, two, recommended = built
+    assert one == {"epochs": 3, "numWorkers": 1, "validationFraction": 0.1}
+    assert two == {**one, "numWorkers": 2}
+    assert recommended == {**two, **deep.RECOMMENDED_SCALING}
+    est = TorchEstimator()  # the settings are valid Params, and not the defaults
+    for key, value in deep.RECOMMENDED_SCALING.items():
+        assert est.hasParam(key) and est.getOrDefault(key) != value
+
+
+def test_the_recommended_settings_are_what_the_docs_recommend():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "deep-models.md").read_text()
+    section = text.split("## Several workers: the learning rate")[1].split("\n## ")[0]
+    assert deep.RECOMMENDED_SCALING == {"learningRateScaling": "linear", "warmupSteps": 300}
+    assert 'learningRateScaling="linear"' in section and "warmupSteps=300" in section
+    assert "usual advice for 2-8 workers is `\"linear\"`" in section
+
+
+def test_time_to_accuracy_keeps_the_defaults_figure_and_adds_the_recommended_row(monkeypatch):
+    def fake_alternate(capture, sides, repeats, fits=()):
+        assert list(sides) == ["workers_1", "workers_2", "workers_2_recommended"]
+        assert set(fits) == set(sides)
+        histories = {"workers_1": [0.8, 0.96, 0.97], "workers_2": [0.7, 0.8, 0.9],
+                     "workers_2_recommended": [0.9, 0.96, 0.97]}
+        wall = {"workers_1": 10.0, "workers_2": 8.0, "workers_2_recommended": 8.0}
+        return {name: deep.Side(seconds=[wall[name]] * repeats,
+                                results=[_fit_model(histories[name])] * repeats)
+                for name in sides}
+
+    monkeypatch.setattr(deep, "alternate", fake_alternate)
+    monkeypatch.setattr(deep, "accuracy_sides", lambda frames, epochs: {
+        "workers_1": None, "workers_2": None, "workers_2_recommended": None})
+    found = deep.time_to_accuracy(_Capture(), {}, 1000, 3, 0.95, 3)
+    # 1 worker: fixed 7 s + 2 epochs = 9 s; 2 workers never reach it; recommended 5 + 2 = 7 s
+    assert (found["seconds_workers_1"], found["seconds_workers_2"], found["ratio"]) == (
+        9.0, None, None)
+    assert found["target"] == "<= 0.65" and found["threshold"] == 0.95
+    assert "both sides at the defaults" in found["definition"]
+    rec = found["recommended"]
+    assert (rec["seconds_workers_1"], rec["seconds_workers_2"]) == (9.0, 7.0)
+    assert rec["ratio"] == round(7 / 9, 3) and rec["meets_target"] is False
+    assert rec["settings_workers_2"] == deep.RECOMMENDED_SCALING
+    assert "learningRateScaling='linear', warmupSteps=300" in rec["definition"]
+    assert rec["lr_workers_2"] == [0.001] * 3
+
+
+def test_the_existing_cold_row_keeps_its_command_and_the_cluster_rows_name_theirs():
+    assert deep.cold_command("sparkdist")[2:] == ["--cold", "sparkdist"]
+    assert deep.cold_command("torch_distributor", deep.CLUSTER_MASTER, "plain")[2:] == [
+        "--cold", "torch_distributor", "--cold-master", "local-cluster[2,1,1024]",
+        "--cold-builder", "plain"]
+    assert deep.cold_command("sparkdist", deep.CLUSTER_MASTER)[-2:] == [
+        "--cold-master", deep.CLUSTER_MASTER]
+
+
+def test_the_plain_session_has_no_sparkdist_conf():
+    conf = deep.plain_conf(deep.CLUSTER_MASTER)
+    assert conf["spark.master"] == deep.CLUSTER_MASTER
+    assert conf["spark.driver.bindAddress"] == "127.0.0.1" and conf["spark.ui.enabled"] == "false"
+    assert deep.DAEMON_CONF not in conf
+    assert not any("sparkdist" in value and key != "spark.app.name"
+                   for key, value in conf.items())
+    assert "spark.sql.execution.arrow.pyspark.enabled" not in conf
+
+
+def test_a_cold_cluster_row_alternates_fresh_processes_on_one_master_and_builder(monkeypatch):
+    calls: list[tuple] = []
+    seconds = {"sparkdist": iter([3.0, 5.0, 4.0]), "torch_distributor": iter([10.0, 12.0, 8.0])}
+
+    def result(side, master, builder):
+        calls.append((side, master, builder))
+        return {"seconds": next(seconds[side]), "daemon_module": None}
+
+    monkeypatch.setattr(deep, "cold_result", result)
+    capture = SimpleNamespace(log=lambda message: None)
+    row = deep.cold_cluster_row(capture, deep.CLUSTER_MASTER, "plain", 3, "what")
+    assert calls == [("sparkdist", deep.CLUSTER_MASTER, "plain"),
+                     ("torch_distributor", deep.CLUSTER_MASTER, "plain")] * 3
+    assert (row["sparkdist_s"], row["torch_distributor_s"], row["ratio"]) == (4.0, 10.0, 0.4)
+    assert row["target"] == "<= 0.35" and not row["meets_target"]
+    assert (row["master"], row["builder"], row["daemon_module"]) == (
+        deep.CLUSTER_MASTER, "plain", ["None"])
+    assert "plain SparkSession.builder" in row["definition"] and "median of 3" in row[
+        "definition"]
