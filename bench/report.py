@@ -34,7 +34,7 @@ RESULTS = BENCH / "results"
 LATEST = RESULTS / "latest.json"
 PAGE = REPO / "docs" / "performance.md"
 SCRIPTS = ("split_assembly", "classical", "deep", "parallel", "communication", "quantization",
-           "daemon_memory", "inputs", "finetune", "keras_estimator", "scoring", "tuning")
+           "daemon_memory", "inputs", "finetune", "keras_estimator", "scoring", "tuning", "ps")
 #: A run is noise, not a result, where the 1-minute load average exceeded this before it
 #: started (or, for a result without per-process figures, at any sample) ...
 NOISY_LOAD = 1.5
@@ -204,7 +204,7 @@ def table(figures: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
                           ("daemon_memory", _daemon_rows), ("inputs", _inputs_rows),
                           ("finetune", _finetune_rows),
                           ("keras_estimator", _keras_rows), ("scoring", _scoring_rows),
-                          ("tuning", _tuning_rows)):
+                          ("tuning", _tuning_rows), ("ps", _ps_rows)):
         if name not in figures:
             continue
 
@@ -476,6 +476,34 @@ def _tuning_rows(f: dict[str, Any], row: Any) -> None:
             f"{p['median_pruned_epochs']} of {p['epochs_budget']} epochs reported)",
             p["median_prune_s"], p["target_s"], p["ratio_to_target"], "<= 1.0", "s",
             p["definition"])
+
+
+def _ps_rows(f: dict[str, Any], row: Any) -> None:
+    """bench/ps.py: strategy="ps" against ddp on a 2^20-row table, and sparse logistic
+    regression on hashed features against MLlib's."""
+    c = f["click"]
+    what = (f"strategy='ps' vs ddp, ClickModel with one table of {sum(c['model']['tables']):,} "
+            f"rows x {c['model']['dim']}, optimizer adagrad, 2 workers")
+    row(f"{what}: MiB sent per step by the busiest rank (ratio: ddp's over ps's)",
+        c["ps"]["sent_mb_per_step"], c["ddp"]["sent_mb_per_step"], c["bytes_ratio"],
+        c["bytes_target"], "MiB", c["definition"])
+    for kind in ("first", "later"):
+        row(f"{what}: samples/s, {kind}", c["ps"][f"samples_per_s_{kind}"],
+            c["ddp"][f"samples_per_s_{kind}"], c[f"throughput_ratio_{kind}"],
+            c["throughput_target"], "samples/s", c["definition"])
+    row(f"{what}: test AUC, difference (ps {c['ps']['test_auc']}, ddp {c['ddp']['test_auc']})",
+        c["ps"]["test_auc"], c["ddp"]["test_auc"], c["auc_difference"], c["auc_target"],
+        "difference", c["definition"])
+    lr = f["sparse_lr"]
+    what = (f"nets.HashedLogistic under ps vs MLlib LogisticRegression, {lr['rows']:,} rows of "
+            f"{lr['ids_per_row']} ids in {lr['features']:,} hashed features")
+    for kind in ("first", "later"):
+        row(f"{what}: seconds, {kind}", lr["sparkdist"][f"{kind}_s"], lr["mllib"][f"{kind}_s"],
+            lr[f"time_ratio_{kind}"], "-", "s", lr["definition"])
+    row(f"{what}: test log-loss", lr["sparkdist"]["test_log_loss"],
+        lr["mllib"]["test_log_loss"], round(lr["sparkdist"]["test_log_loss"]
+                                           / lr["mllib"]["test_log_loss"], 3), "-", "loss",
+        lr["definition"])
 
 
 def _deep_rows(f: dict[str, Any], row: Any) -> None:

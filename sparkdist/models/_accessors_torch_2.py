@@ -131,6 +131,10 @@ class _TorchEstimatorOwn(Params):
         """Gets the value of :py:attr:`optimizer` or its default value."""
         return self.getOrDefault("optimizer")
 
+    def getParameterServers(self) -> int:
+        """Gets the value of :py:attr:`parameterServers` or its default value."""
+        return self.getOrDefault("parameterServers")
+
     def getPipelineSchedule(self) -> str:
         """Gets the value of :py:attr:`pipelineSchedule` or its default value."""
         return self.getOrDefault("pipelineSchedule")
@@ -150,6 +154,18 @@ class _TorchEstimatorOwn(Params):
     def getProgress(self) -> bool:
         """Gets the value of :py:attr:`progress` or its default value."""
         return self.getOrDefault("progress")
+
+    def getPsLearningRate(self) -> float:
+        """Gets the value of :py:attr:`psLearningRate` or its default value."""
+        return self.getOrDefault("psLearningRate")
+
+    def getPsOptimizer(self) -> str:
+        """Gets the value of :py:attr:`psOptimizer` or its default value."""
+        return self.getOrDefault("psOptimizer")
+
+    def getPsTables(self) -> list[str]:
+        """Gets the value of :py:attr:`psTables` or its default value."""
+        return self.getOrDefault("psTables")
 
     def getRendezvousTimeoutSeconds(self) -> float:
         """Gets the value of :py:attr:`rendezvousTimeoutSeconds` or its default value."""
@@ -341,8 +357,14 @@ class _TorchEstimatorOwn(Params):
         return self._set(numWorkers=value)
 
     def setOptimizer(self: _S, value: str) -> _S:
-        """Sets the value of :py:attr:`optimizer`: one of ['adam', 'adamw', 'rmsprop', 'sgd']."""
+        """Sets the value of :py:attr:`optimizer`: one of ['adagrad', 'adam', 'adamw', 'rmsprop',
+        'sgd']."""
         return self._set(optimizer=value)
+
+    def setParameterServers(self: _S, value: int) -> _S:
+        """Sets the value of :py:attr:`parameterServers`: ps: how many ranks hold the tables' rows
+        (they train too), <= numWorkers; 0: every rank."""
+        return self._set(parameterServers=value)
 
     def setPipelineSchedule(self: _S, value: str) -> _S:
         """Sets the value of :py:attr:`pipelineSchedule`: pipeline: 'gpipe' or '1f1b'."""
@@ -368,6 +390,21 @@ class _TorchEstimatorOwn(Params):
     def setProgress(self: _S, value: bool) -> _S:
         """Sets the value of :py:attr:`progress`: show a progress bar on the driver."""
         return self._set(progress=value)
+
+    def setPsLearningRate(self: _S, value: float) -> _S:
+        """Sets the value of :py:attr:`psLearningRate`: ps: the tables' learning rate (it follows
+        learningRate's schedule); 0: learningRate."""
+        return self._set(psLearningRate=value)
+
+    def setPsOptimizer(self: _S, value: str) -> _S:
+        """Sets the value of :py:attr:`psOptimizer`: ps: the sparse optimizer the servers apply to
+        the rows a step touches: 'adagrad' or 'adam' (torch.optim.SparseAdam's rule)."""
+        return self._set(psOptimizer=value)
+
+    def setPsTables(self: _S, value: list[str]) -> _S:
+        """Sets the value of :py:attr:`psTables`: ps: names of the nn.Embedding / nn.EmbeddingBag
+        modules the parameter servers hold (e.g. ['interactions.table']); empty: all of them."""
+        return self._set(psTables=value)
 
     def setRendezvousTimeoutSeconds(self: _S, value: float) -> _S:
         """Sets the value of :py:attr:`rendezvousTimeoutSeconds`: longest wait in seconds for all
@@ -400,7 +437,8 @@ class _TorchEstimatorOwn(Params):
     def setStrategy(self: _S, value: str) -> _S:
         """Sets the value of :py:attr:`strategy`: how the network is spread over the workers: 'ddp'
         (a replica each), 'fsdp' (parameters, gradients and optimizer state sharded), 'pipeline'
-        (layers split into stages) or 'tensor' (Linear layers split)."""
+        (layers split into stages), 'tensor' (Linear layers split) or 'ps' (embedding tables on
+        parameter servers, the rest data parallel)."""
         return self._set(strategy=value)
 
     def setSyncEvery(self: _S, value: int) -> _S:

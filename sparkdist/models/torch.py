@@ -75,6 +75,7 @@ from sparkdist.models._accessors_torch import (
     _TorchEstimatorInit,
     _TorchModelAccessors,
 )
+from sparkdist.models._lr_allreduce import memory_budget
 from sparkdist.models._recovery import (
     ELASTIC_TRAJECTORY,
     RECOVERY_TRAJECTORY,
@@ -262,6 +263,9 @@ class TorchEstimator(_TorchEstimatorInit, Estimator, _TorchParams, HasOptimizati
         """The prepared data, the fit's typed spec (checked: Params, data, the network on
         two rows, the strategy's preflight) and the data's figures."""
         parts = self._spec_parts()
+        if parts["strategy"].name == "ps":  # what a server may hold, for its preflight
+            parts["strategy"] = dataclasses.replace(
+                parts["strategy"], server_budget=memory_budget(dataset.sparkSession)[0])
         module = self._resolve_network()  # before the data pass
         fields = checks.input_fields(dataset, *self._input_params(), module)
         parts["rules"] = dataclasses.replace(parts["rules"], inputs=fields)
@@ -332,6 +336,9 @@ class TorchEstimator(_TorchEstimatorInit, Estimator, _TorchParams, HasOptimizati
         if values.get("adapter") == "none":
             for name in ("adapter", "adapterRank", "adapterAlpha", "adapterDropout",
                          "adapterTargets"):
+                values.pop(name, None)
+        if values.get("strategy") != "ps":  # as before parameter servers existed
+            for name in ("psTables", "parameterServers", "psOptimizer", "psLearningRate"):
                 values.pop(name, None)
         return values
 

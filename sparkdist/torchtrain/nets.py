@@ -170,6 +170,45 @@ class ClickInteractions(nn.Module):
         return torch.cat([vectors[:, 0], products], 1)
 
 
+class HashedLogistic(nn.Module):
+    """Logistic regression on hashed features: a weight per feature id (an ``EmbeddingBag``
+    summing a row's ids, each below ``features``) and a bias; one logit. Under
+    ``strategy="ps"`` the weights stay on the servers and no row is densified.
+
+    >>> HashedLogistic(features=16)(torch.tensor([[1, 5, 5], [0, 2, 15]])).shape
+    torch.Size([2, 1])
+    """
+
+    def __init__(self, features: int = 2**20) -> None:
+        super().__init__()
+        self.embedding_sizes = {"ids": features}
+        self.weights = nn.EmbeddingBag(features, 1, mode="sum")
+        nn.init.zeros_(self.weights.weight)
+        self.bias = nn.Parameter(torch.zeros(1))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.weights(ids) + self.bias
+
+
+class FactorizationMachine(HashedLogistic):
+    """A factorization machine on hashed features: :class:`HashedLogistic` plus the pairwise
+    interactions of a ``dim``-wide factor per feature (Rendle's O(n x dim) form).
+
+    >>> FactorizationMachine(features=16, dim=4)(torch.tensor([[1, 5, 9]])).shape
+    torch.Size([1, 1])
+    """
+
+    def __init__(self, features: int = 2**20, dim: int = 8) -> None:
+        super().__init__(features)
+        self.factors = nn.Embedding(features, dim)
+        nn.init.normal_(self.factors.weight, std=0.01)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        factors = self.factors(ids)
+        pairs = 0.5 * (factors.sum(1).pow(2) - factors.pow(2).sum(1)).sum(1, keepdim=True)
+        return super().forward(ids) + pairs
+
+
 class CausalLM(nn.Module):
     """A small decoder-only (causal) transformer over token ids that predicts the token after
     each sequence: token and position embeddings, ``layers`` pre-norm blocks of causal

@@ -25,7 +25,8 @@ if TYPE_CHECKING:
 
 
 LOSSES = {"bce": "classification", "cross_entropy": "classification", "mse": "regression"}
-OPTIMIZERS = {"adam": "Adam", "adamw": "AdamW", "sgd": "SGD", "rmsprop": "RMSprop"}
+OPTIMIZERS = {"adam": "Adam", "adamw": "AdamW", "sgd": "SGD", "rmsprop": "RMSprop",
+              "adagrad": "Adagrad"}
 
 
 #: This package's name in models saved before it was renamed (``sparkdist.train.nets.MLP``).

@@ -27,6 +27,8 @@ from sparkdist.torchtrain import schedule
 USE_GPU = ("auto", True, False)
 NAN_POLICIES = ("error", "drop")
 PIPELINE_SCHEDULES = ("gpipe", "1f1b")
+#: ``psOptimizer``: the sparse rule a parameter server applies to the rows a step touches
+PS_OPTIMIZERS = ("adagrad", "adam")
 QUANTIZATIONS = ("none", "int8")
 PRECISIONS = ("float32", "bf16", "fp16")
 ADAPTERS = ("none", "lora")
@@ -146,17 +148,27 @@ class OptimSpec:
 class StrategySpec:
     """How the network is spread over the workers (sparkdist.torchtrain.strategies)."""
 
-    name: str  # 'ddp', 'fsdp', 'pipeline' or 'tensor'
+    name: str  # 'ddp', 'fsdp', 'pipeline', 'tensor' or 'ps'
     fsdp_wrap: tuple[str, ...] = ()
     mixed_precision: bool = False
     pipeline_stages: int = 1
     pipeline_split_points: tuple[str, ...] = ()
     micro_batches: int = 1
     pipeline_schedule: str = "1f1b"
+    ps_tables: tuple[str, ...] = ()
+    parameter_servers: int = 0  # 0: every rank
+    ps_optimizer: str = "adagrad"
+    ps_learning_rate: float = 0.0  # 0: learningRate
+    server_budget: int = 0  # bytes a server rank may hold (0: not known)
 
     def __post_init__(self) -> None:
         _at_least(1, pipelineStages=self.pipeline_stages, microBatches=self.micro_batches)
+        _at_least(0, parameterServers=self.parameter_servers)
         check_one_of("pipelineSchedule", self.pipeline_schedule, PIPELINE_SCHEDULES)
+        check_one_of("psOptimizer", self.ps_optimizer, PS_OPTIMIZERS)
+        if not self.ps_learning_rate >= 0:
+            raise ParamError(f"psLearningRate={self.ps_learning_rate}: use 0 (learningRate) "
+                             "or a positive rate.")
 
 
 @dataclass(frozen=True)

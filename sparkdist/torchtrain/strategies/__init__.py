@@ -5,6 +5,7 @@ interface, so the training loop (:mod:`sparkdist.torchtrain.loop`) is written on
 - ``fsdp`` (:mod:`.fsdp`): parameters, gradients and optimizer state sharded across the ranks.
 - ``pipeline`` (:mod:`.pipeline`): the model's top-level children split into stages.
 - ``tensor`` (:mod:`.tensor`): each Linear layer's matrices split across the ranks.
+- ``ps`` (:mod:`.ps`): embedding tables held by parameter servers, the rest as ``ddp``.
 
 A strategy module implements :class:`StrategyModule`: it declares what it supports
 (``SUPPORTS``: backends, gradient compression, local steps; ``usable``: the world sizes an
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
     from sparkdist.torchtrain.inputs import Inputs, Target
     from sparkdist.torchtrain.spec import TrainSpec
 
-STRATEGIES = ("ddp", "fsdp", "pipeline", "tensor")
+STRATEGIES = ("ddp", "fsdp", "pipeline", "tensor", "ps")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,18 +14,21 @@ from sparkdist.torchtrain.spec import StrategySpec
 #: training trajectory.
 TRAJECTORY: dict[str, bool] = dict.fromkeys(
     ("strategy", "fsdpWrap", "mixedPrecision", "pipelineStages", "pipelineSplitPoints",
-     "microBatches", "pipelineSchedule"), True)
+     "microBatches", "pipelineSchedule", "psTables", "parameterServers", "psOptimizer",
+     "psLearningRate"), True)
 
 
 class HasStrategy(Params):
-    """strategy, fsdpWrap, mixedPrecision, pipelineStages, pipelineSplitPoints, microBatches
-    and pipelineSchedule: how the network is spread over the workers."""
+    """strategy, fsdpWrap, mixedPrecision, pipelineStages, pipelineSplitPoints, microBatches,
+    pipelineSchedule and the parameter servers' psTables, parameterServers, psOptimizer and
+    psLearningRate: how the network is spread over the workers."""
 
     strategy: Param[str] = Param(
         Params._dummy(), "strategy",
         "how the network is spread over the workers: 'ddp' (a replica each), 'fsdp' "
         "(parameters, gradients and optimizer state sharded), 'pipeline' (layers split into "
-        "stages) or 'tensor' (Linear layers split)", typeConverter=TypeConverters.toString)
+        "stages), 'tensor' (Linear layers split) or 'ps' (embedding tables on parameter "
+        "servers, the rest data parallel)", typeConverter=TypeConverters.toString)
     fsdpWrap: Param[list[str]] = Param(
         Params._dummy(), "fsdpWrap",
         "fsdp: names of the module classes sharded as units of their own (e.g. "
@@ -52,10 +55,30 @@ class HasStrategy(Params):
         Params._dummy(), "pipelineSchedule", "pipeline: 'gpipe' or '1f1b'",
         typeConverter=TypeConverters.toString)
 
+    psTables: Param[list[str]] = Param(
+        Params._dummy(), "psTables",
+        "ps: names of the nn.Embedding / nn.EmbeddingBag modules the parameter servers hold "
+        "(e.g. ['interactions.table']); empty: all of them",
+        typeConverter=TypeConverters.toListString)
+    parameterServers: Param[int] = Param(
+        Params._dummy(), "parameterServers",
+        "ps: how many ranks hold the tables' rows (they train too), <= numWorkers; 0: every "
+        "rank", typeConverter=TypeConverters.toInt)
+    psOptimizer: Param[str] = Param(
+        Params._dummy(), "psOptimizer",
+        "ps: the sparse optimizer the servers apply to the rows a step touches: 'adagrad' or "
+        "'adam' (torch.optim.SparseAdam's rule)", typeConverter=TypeConverters.toString)
+    psLearningRate: Param[float] = Param(
+        Params._dummy(), "psLearningRate",
+        "ps: the tables' learning rate (it follows learningRate's schedule); 0: learningRate",
+        typeConverter=TypeConverters.toFloat)
+
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self._setDefault(strategy="ddp", fsdpWrap=[], mixedPrecision=False, pipelineStages=0,
-                         pipelineSplitPoints=[], microBatches=4, pipelineSchedule="1f1b")
+                         pipelineSplitPoints=[], microBatches=4, pipelineSchedule="1f1b",
+                         psTables=[], parameterServers=0, psOptimizer="adagrad",
+                         psLearningRate=0.0)
 
     def _strategy_spec(self, num_workers: int) -> StrategySpec:
         """The strategy on ``num_workers`` workers (pipelineStages 0: one stage each)."""
@@ -67,4 +90,8 @@ class HasStrategy(Params):
                             pipeline_stages=get("pipelineStages") or num_workers,
                             pipeline_split_points=tuple(get("pipelineSplitPoints")),
                             micro_batches=get("microBatches"),
-                            pipeline_schedule=get("pipelineSchedule"))
+                            pipeline_schedule=get("pipelineSchedule"),
+                            ps_tables=tuple(get("psTables")),
+                            parameter_servers=get("parameterServers"),
+                            ps_optimizer=get("psOptimizer"),
+                            ps_learning_rate=get("psLearningRate"))

@@ -1,0 +1,208 @@
+"""``strategy="ps"``: embedding tables on parameter servers, the rest data-parallel.
+
+The tables (``psTables``: module names; empty: every ``nn.Embedding`` and
+``nn.EmbeddingBag``) are split by row over the first ``parameterServers`` ranks (0: all of
+them); every rank trains on its rows of the data. In a step a rank pulls the rows its batch
+touches, and after the backward pass pushes their gradients, which the servers apply with a
+sparse optimizer (``psOptimizer``, at ``psLearningRate``) to those rows only
+(:mod:`sparkdist.torchtrain.tables`); the dense layers are averaged by DDP as under ``ddp``.
+A step waits for every push (synchronous), so with ``optimizer="adagrad"`` and
+``psOptimizer="adagrad"`` at the same rate a fit equals the same fit under ``ddp``, while a
+step sends only the touched rows instead of all-reducing every table's whole gradient.
+
+Servers and trainers share the barrier ranks (as in TorchRec's row-wise sharding): Spark
+gives every barrier task a partition of the data, so every rank trains, and ``k`` of them also
+serve. The model is built once on every rank (its tables must fit a rank while it is built);
+then each server keeps its rows and their optimizer state (1/k of them) and the rest frees
+the whole tables. Checkpoints and the fitted model hold the whole tables, gathered to rank 0,
+so a fit resumes on any number of workers that has room for the servers, and the fitted
+TorchModel scores like any other.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from sparkdist.exceptions import ParamError
+from sparkdist.torchtrain import strategies
+from sparkdist.torchtrain.strategies.base import WholeModel
+from sparkdist.torchtrain.tables import EMBEDDINGS, STATE_COPIES, RemoteEmbedding, Tables
+
+if TYPE_CHECKING:
+    import torch
+
+    from sparkdist.torchtrain.inputs import Inputs, Target
+    from sparkdist.torchtrain.spec import TrainSpec
+
+SUPPORTS = strategies.Supports(
+    backends=("torch",), why="the parameter servers exchange rows with torch.distributed's "
+    "all_to_all, which Horovod does not provide", typed_inputs=True)
+
+
+def usable(spec: TrainSpec) -> Callable[[int], bool]:
+    """Any worker count that has room for the servers."""
+    return functools.partial(_room_for, spec.strategy.parameter_servers)
+
+
+def _room_for(servers: int, world: int) -> bool:
+    return world >= servers
+
+
+def check(spec: TrainSpec, module: torch.nn.Module) -> None:
+    """ParamError for tables the servers cannot hold or train, before launch."""
+    names = table_names(module, list(spec.strategy.ps_tables))
+    servers, workers = spec.strategy.parameter_servers, spec.launch.num_workers
+    if servers > workers:
+        raise ParamError(f"parameterServers={servers} with numWorkers={workers}: the servers "
+                         f"are ranks of the fit; use at most {workers} (0: every rank), or "
+                         "raise numWorkers.")
+    if spec.launch.use_gpu is True:
+        raise ParamError("strategy='ps' runs on CPU executors (the servers exchange rows "
+                         "over gloo): set useGpu=False, or strategy='ddp' on GPUs.")
+    for group in strategies.shared_parameters(module):
+        tied = [name for name in group if name.rpartition(".")[0] in names]
+        if tied:
+            raise strategies.tied_error("ps", group, "the servers hold the table's rows "
+                                        "apart from the other modules")
+    dense = [n for n, p in module.named_parameters()
+             if p.requires_grad and n.rpartition(".")[0] not in names]
+    if not dense:
+        raise ParamError(f"strategy='ps': every trained parameter of the model is in "
+                         f"psTables {names}; give it a dense parameter (a bias, a "
+                         "Linear layer) for the workers' optimizer.")
+    _check_budget(spec, module, names, servers or workers)
+
+
+def _check_budget(spec: TrainSpec, module: torch.nn.Module, names: list[str],
+                  servers: int) -> None:
+    budget = spec.strategy.server_budget
+    copies = 1 + STATE_COPIES[spec.strategy.ps_optimizer]
+    weights = [_weight(module, name) for name in names]
+    table = sum(w.numel() * w.element_size() for w in weights)
+    need = copies * table / servers
+    if budget and need > budget:
+        raise ParamError(
+            f"strategy='ps': the tables {names} ({table / 2**20:.1f} MiB; with "
+            f"psOptimizer={spec.strategy.ps_optimizer!r}'s state, {copies}x) need "
+            f"{need / 2**20:.1f} MiB on each of {servers} server(s), over the "
+            f"{budget / 2**20:.1f} MiB a worker may hold: raise parameterServers (and "
+            "numWorkers), or the executors' memory (spark.executor.pyspark.memory).")
+
+
+def _weight(module: torch.nn.Module, name: str) -> torch.Tensor:
+    weight: torch.Tensor = module.get_submodule(name).weight  # type: ignore[assignment]
+    return weight
+
+
+def table_names(module: torch.nn.Module, names: list[str]) -> list[str]:
+    """The modules the servers hold: ``names`` (checked), else every embedding module."""
+    modules = dict(module.named_modules())
+    found = [name for name, sub in modules.items() if isinstance(sub, EMBEDDINGS)]
+    if not names:
+        if not found:
+            raise ParamError("strategy='ps' holds embedding tables on parameter servers, but "
+                             "the model has no nn.Embedding or nn.EmbeddingBag: use "
+                             "strategy='ddp'.")
+        names = found
+    missing = [name for name in names if name not in modules]
+    if missing:
+        raise ParamError(f"psTables={names}: {missing} name no module of the model; its "
+                         f"embedding modules are {found}. Name those (or leave psTables "
+                         "empty for all of them).")
+    for name in names:
+        sub = modules[name]
+        if not isinstance(sub, EMBEDDINGS):
+            raise ParamError(f"psTables: {name!r} is a {type(sub).__name__}, not an "
+                             f"nn.Embedding or nn.EmbeddingBag; its embedding modules are "
+                             f"{found}.")
+        if sub.max_norm is not None or sub.scale_grad_by_freq:
+            raise ParamError(f"psTables: {name!r} uses max_norm or scale_grad_by_freq, "
+                             "which the servers do not apply; build it without them, or "
+                             "use strategy='ddp'.")
+        if not sub.weight.requires_grad:
+            raise ParamError(f"psTables: {name!r} is frozen; leave it out of psTables (and "
+                             "the servers), or unfreeze it.")
+    return names
+
+
+class Strategy(WholeModel):
+    name = "ps"
+
+    def setup(self, module: torch.nn.Module) -> None:
+        """Keep this rank's rows of every table, put a :class:`RemoteEmbedding` in each
+        table's place, and wrap the rest in DDP (weights broadcast from rank 0)."""
+        strategy, world = self.spec.strategy, self.context.world_size
+        if self.device.type != "cpu":
+            raise ParamError("strategy='ps' runs on CPU executors: set useGpu=False.")
+        self.keys = list(module.state_dict())  # the whole model's, in its order
+        self.tables = Tables(strategy.parameter_servers or world, self.context.rank, world,
+                             strategy.ps_optimizer,
+                             strategy.ps_learning_rate or self.spec.optim.learning_rate)
+        for name in table_names(module, list(strategy.ps_tables)):
+            original = module.get_submodule(name)
+            self.tables.hold(name, _weight(module, name))
+            parent, _, child = name.rpartition(".")
+            setattr(module.get_submodule(parent), child,
+                    RemoteEmbedding(self.tables, name, original))
+        self.module = module
+        self.model = self.clock.watch(self.backend.wrap_model(module, self.device), None)
+
+    def train_step(self, features: Inputs, target: Target, scale: float,
+                   optimizer: Any) -> torch.Tensor:
+        """A DDP step of the dense layers, then the rows' push (the servers' step), at the
+        rate the schedule gives the dense layers, scaled to psLearningRate."""
+        loss = self._step(self.model, features, target, scale, optimizer)
+        base = self.spec.optim.learning_rate
+        factor = optimizer.param_groups[0]["lr"] / base if base else 1.0
+        rate = self.tables.learning_rate
+        self.tables.learning_rate = rate * factor
+        try:
+            self.tables.push(1.0 / self.context.world_size)  # DDP averages the same way
+        finally:
+            self.tables.learning_rate = rate
+        return loss
+
+    def full_state(self) -> dict[str, Any] | None:
+        """The whole model's state dict on rank 0, its tables gathered from the servers.
+        Collective."""
+        whole = self._gathered()
+        if whole is None:
+            return None
+        return self._model_state(whole)
+
+    def _gathered(self) -> dict[str, dict[str, torch.Tensor]] | None:
+        gathered = {name: self.tables.gather(name) for name in self.tables.shards}
+        if self.context.rank != 0:
+            return None
+        return {name: tables for name, tables in gathered.items() if tables is not None}
+
+    def _model_state(self, whole: dict[str, dict[str, torch.Tensor]]) -> dict[str, Any]:
+        state = {name: value.detach().cpu().clone()
+                 for name, value in self.module.state_dict().items()}
+        state.update({f"{name}.weight": parts["weight"] for name, parts in whole.items()})
+        return {key: state[key] for key in self.keys if key in state}
+
+    def save_training_state(self, optimizer: Any, where: str) -> dict[str, Any] | None:
+        """Rank 0's whole model and dense optimizer state, and the servers' optimizer state
+        for every row. Collective."""
+        whole = self._gathered()
+        if whole is None:
+            return None
+        return {"model": self._model_state(whole), "optimizer": optimizer.state_dict(),
+                "ps": {name: {**{key: value for key, value in parts.items()
+                                 if key != "weight"},
+                              "step": self.tables.shards[name].step}
+                       for name, parts in whole.items()}}
+
+    def load_training_state(self, saved: dict[str, Any], optimizer: Any) -> None:
+        model = dict(saved["model"])
+        for name, state in saved["ps"].items():
+            table = {"weight": model.pop(f"{name}.weight"), **state}
+            self.tables.restore(name, table, int(state["step"]))
+        self.module.load_state_dict(model)
+        optimizer.load_state_dict(saved["optimizer"])
+
+    def state_bytes(self, optimizer: Any) -> int:
+        return super().state_bytes(optimizer) + self.tables.held_bytes()

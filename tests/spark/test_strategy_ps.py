@@ -1,0 +1,156 @@
+"""strategy="ps" (issue 33) on Spark: embedding tables on parameter servers. A synchronous fit
+equals the same fit under ddp with the same sparse-friendly optimizer (Adagrad), with one
+server or every rank serving; it sends a fraction of ddp's bytes; a killed server resumes to
+the uninterrupted weights; the fitted model scores and saves like any other; each bad input is
+a typed error before launch."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from pyspark import cloudpickle
+
+from sparkdist.exceptions import ParamError
+from sparkdist.failpoints import arm
+from sparkdist.models import TorchEstimator, TorchModel
+from sparkdist.torchtrain import nets
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Dense travels by value
+COMMON = {"progress": False, "numWorkers": 2, "seed": 3, "rendezvousTimeoutSeconds": 60}
+TABLES = [5000] * 3  # ClickModel refuses an id beyond its smallest table
+CLICKS = {"model": nets.ClickModel, "inputCols": {"dense": "dense", "ids": "ids"},
+          "inputShapes": {"ids": [len(TABLES)]},
+          "modelKwargs": {"dense": 4, "tables": TABLES, "dim": 4, "hidden": [8]},
+          "loss": "bce", "optimizer": "adagrad", "learningRate": 0.05, "weightDecay": 0.0,
+          "batchSize": 64, "epochs": 2, **COMMON}
+
+
+@pytest.fixture(scope="module")
+def clicks(spark, cached):
+    rng = np.random.default_rng(8)
+    rows = 1600
+    ids = np.stack([rng.integers(0, size, rows) for size in TABLES], 1)
+    dense = rng.normal(size=(rows, 4))
+    logit = dense[:, 0] + np.where(ids[:, 1] % 3 == 0, 1.5, -1.0)
+    frame = pd.DataFrame({"dense": list(dense), "ids": list(ids),
+                          "label": (rng.random(rows) < 1 / (1 + np.exp(-logit))).astype(float)})
+    with cached(spark.createDataFrame(frame).repartition(2)) as df:
+        yield df
+
+
+@pytest.fixture(scope="module")
+def ddp_fit(clicks):
+    return TorchEstimator(**CLICKS).fit(clicks)
+
+
+@pytest.fixture(scope="module")
+def ps_fit(clicks):
+    return TorchEstimator(strategy="ps", **CLICKS).fit(clicks)
+
+
+def _close(a, b) -> None:
+    first, second = a.module().state_dict(), b.module().state_dict()
+    assert list(first) == list(second)
+    for key in first:
+        torch.testing.assert_close(first[key], second[key], rtol=1e-4, atol=1e-6)
+
+
+def _sent(model) -> float:
+    return sum(rank["sent_mb"] for rank in model.trainingSummary["ranks"])
+
+
+def test_a_synchronous_ps_fit_equals_ddp_with_the_same_optimizer(clicks, ddp_fit, ps_fit):
+    assert ps_fit.trainingSummary["strategy"] == "ps"
+    _close(ps_fit, ddp_fit)
+    one = TorchEstimator(strategy="ps", parameterServers=1, **CLICKS).fit(clicks)
+    _close(one, ddp_fit)
+    assert [h["loss"] for h in one.history] == pytest.approx(
+        [h["loss"] for h in ddp_fit.history], rel=1e-5)
+
+
+def test_ps_sends_a_fraction_of_ddps_bytes_and_holds_half_the_table(ddp_fit, ps_fit):
+    assert _sent(ps_fit) < _sent(ddp_fit) / 3
+    table = sum(TABLES) * 4 * 4 / 2**20  # MiB of float32 rows of dim 4
+    held = [rank["state_mb"] for rank in ps_fit.trainingSummary["ranks"]]
+    whole = [rank["state_mb"] for rank in ddp_fit.trainingSummary["ranks"]]
+    # ddp: the table, its gradient and Adagrad's sum on each rank; ps: half the rows and sums
+    assert all(h < w - 1.9 * table for h, w in zip(held, whole, strict=True))
+
+
+def test_the_ps_model_scores_and_loads_like_any_other(clicks, ps_fit, tmp_path):
+    ps_fit.write().save(str(tmp_path / "ps"))
+    loaded = TorchModel.load(str(tmp_path / "ps"))
+    first, second = (m.transform(clicks).select("probability").collect()
+                     for m in (ps_fit, loaded))
+    assert first == second
+    assert ps_fit.transform(clicks).where("prediction = label").count() / clicks.count() > 0.6
+
+
+def test_a_killed_server_resumes_to_the_uninterrupted_weights(clicks, tmp_path):
+    settings = {**CLICKS, "strategy": "ps", "parameterServers": 1, "psOptimizer": "adam",
+                "epochs": 3}
+    clean = TorchEstimator(checkpointDir=str(tmp_path / "clean"), **settings).fit(clicks)
+    killed = arm(TorchEstimator(checkpointDir=str(tmp_path / "ckpt"), **settings),
+                 str(tmp_path), rank=0, epoch=2, step=3, action="kill").fit(clicks)
+    assert killed.trainingSummary["resumed_from_epoch"] == 1
+    first, second = clean.module().state_dict(), killed.module().state_dict()
+    assert all(torch.equal(first[key], second[key]) for key in first)
+
+
+@pytest.mark.parametrize("net", [nets.HashedLogistic, nets.FactorizationMachine])
+def test_sparse_models_on_hashed_features(spark, net):
+    rng = np.random.default_rng(2)
+    ids = rng.integers(0, 1000, (800, 5))
+    truth = rng.normal(size=1000)
+    frame = pd.DataFrame({"ids": list(ids), "label": (truth[ids].sum(1) > 0).astype(float)})
+    df = spark.createDataFrame(frame).repartition(2)
+    model = TorchEstimator(model=net, modelKwargs={"features": 1000}, inputCols={"ids": "ids"},
+                           inputShapes={"ids": [5]}, loss="bce", strategy="ps",
+                           learningRate=0.3, batchSize=50, epochs=8, **COMMON).fit(df)
+    assert model.transform(df).where("prediction = label").count() / 800 > 0.8
+
+
+@pytest.mark.parametrize("params, error", [
+    ({"parameterServers": 3}, r"parameterServers=3 with numWorkers=2"),
+    ({"parameterServers": -1}, r"parameterServers=-1"),
+    ({"psTables": ["nope"]}, r"psTables=\['nope'\]: \['nope'\] name no module.*"
+                             r"\['interactions.table'\]"),
+    ({"psTables": ["top"]}, r"psTables: 'top' is a MLP, not an nn.Embedding"),
+    ({"psOptimizer": "sgd"}, r"psOptimizer"),
+    ({"psLearningRate": -1.0}, r"psLearningRate=-1.0"),
+    ({"backend": "horovod"}, r"strategy='ps' with backend='horovod'"),
+    ({"useGpu": True}, r"strategy='ps' runs on CPU executors"),
+])
+def test_bad_ps_settings_are_refused_before_launch(clicks, params, error):
+    with pytest.raises(ParamError, match=error):
+        TorchEstimator(**{**CLICKS, "strategy": "ps", **params}).fit(clicks)
+
+
+def test_tables_over_the_servers_budget_are_refused(clicks, monkeypatch):
+    from sparkdist.models import torch as torch_estimator
+
+    budget = sum(TABLES) * 4 * 4  # one float32 copy of the table; Adagrad needs two
+    monkeypatch.setattr(torch_estimator, "memory_budget", lambda spark: (budget, "x"))
+    with pytest.raises(ParamError, match=r"need 0.5 MiB on each of 1 server\(s\), over the "
+                                         r"0.2 MiB a worker may hold"):
+        TorchEstimator(**{**CLICKS, "strategy": "ps", "parameterServers": 1}).fit(clicks)
+    TorchEstimator(**{**CLICKS, "strategy": "ps", "epochs": 1}).fit(clicks)  # two: it fits
+
+
+class Dense(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+
+    def forward(self, dense: torch.Tensor) -> torch.Tensor:
+        return self.layer(dense)
+
+
+def test_a_model_without_tables_is_refused(clicks):
+    with pytest.raises(ParamError, match=r"the model has no nn.Embedding"):
+        TorchEstimator(model=Dense, inputCols={"dense": "dense"}, loss="bce", strategy="ps",
+                       **COMMON).fit(clicks)

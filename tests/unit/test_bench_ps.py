@@ -1,0 +1,48 @@
+"""bench/ps.py without Spark: its ids stay in range with a hot head, MLlib's sparse vectors
+count a repeated id, and its figures become the performance page's rows with their targets."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tests.benchscripts import load
+
+
+def test_hashed_ids_are_in_range_with_a_few_hot_ids():
+    bench = load("ps")
+    ids = bench.hashed_ids(np.random.default_rng(0), 20_000, 2, 2**17)
+    assert ids.shape == (20_000, 2) and ids.min() >= 0 and ids.max() < 2**17
+    _, counts = np.unique(ids[:, 0], return_counts=True)
+    assert counts.max() > 1000 and len(counts) > 2000  # a hot head and a long tail
+    assert not np.array_equal(ids[:, 0], ids[:, 1])  # the features scatter differently
+
+
+def test_the_mllib_side_counts_a_repeated_id():
+    vector = load("ps")._sparse_vector([5, 3, 5])
+    assert vector.size == 2**20 and list(vector.indices) == [3, 5]
+    assert list(vector.values) == [1.0, 2.0]
+
+
+def test_ps_figures_become_rows_with_their_targets():
+    report = load("report")
+    side = {"sent_mb_per_step": 0.5, "samples_per_s_later": 9000.0, "samples_per_s_first": 4000.0,
+            "test_auc": 0.781}
+    figures = {"click": {"model": {"tables": [2**17] * 8, "dim": 16}, "definition": "d",
+                         "ps": side, "ddp": {**side, "sent_mb_per_step": 64.0,
+                                             "samples_per_s_later": 3000.0,
+                                             "samples_per_s_first": 2500.0, "test_auc": 0.7805},
+                         "bytes_ratio": 128.0, "bytes_target": ">= 10",
+                         "throughput_ratio_later": 3.0, "throughput_ratio_first": 1.6,
+                         "throughput_target": ">= 2", "auc_difference": 0.0005,
+                         "auc_target": "<= 0.002"},
+               "sparse_lr": {"rows": 96_000, "ids_per_row": 16, "features": 2**20,
+                             "definition": "d",
+                             "sparkdist": {"first_s": 12.0, "later_s": 8.0, "test_log_loss": 0.55},
+                             "mllib": {"first_s": 30.0, "later_s": 20.0, "test_log_loss": 0.5},
+                             "time_ratio_later": 0.4, "time_ratio_first": 0.4}}
+    rows = report.table({"ps": figures})
+    assert [row["target"] for row in rows] == [">= 10", ">= 2", ">= 2", "<= 0.002", "-", "-",
+                                               "-"]
+    assert "1,048,576 rows x 16" in rows[0]["comparison"]
+    assert [report.met(row) for row in rows[:4]] == [True, False, True, True]
+    assert rows[-1]["ratio"] == 1.1 and rows[-1]["better"] == "lower"

@@ -1,0 +1,124 @@
+"""The parameter servers' tables (sparkdist.torchtrain.tables) against torch's own sparse
+optimizers in one process: two gloo ranks (spawned, never this process) pull and push the rows
+of a table split over one or two servers; the whole table and its optimizer state after three
+steps equal what ``nn.Embedding(sparse=True)`` with ``torch.optim.Adagrad`` or ``SparseAdam``
+gives on the same global batches."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from torch import nn
+
+from sparkdist.exceptions import TrainingError
+from sparkdist.torchtrain.tables import RemoteEmbedding, Tables
+
+ROWS, DIM, RATE, PAD = 11, 3, 0.1, 4
+#: per step, each rank's ids (repeats, an id both ranks touch, the padding row 4)
+IDS = [([[0, 3, 3], [7, 10, 4]], [[3, 5, 9], [1, 1, 8]]),
+       ([[2, 2, 2], [6, 4, 0]], [[10, 0, 5], [4, 4, 4]]),
+       ([[9, 8, 7], [1, 2, 3]], [[3, 3, 6], [6, 2, 1]])]
+CONFIGS = [(servers, optimizer, bag) for servers in (1, 2) for optimizer in ("adagrad", "adam")
+           for bag in (False, True)]
+
+
+def _initial() -> torch.Tensor:
+    return torch.randn(ROWS, DIM, generator=torch.Generator().manual_seed(7))
+
+
+def _targets(step: int, rank: int, rows: int) -> torch.Tensor:
+    seed = 100 * step + rank
+    return torch.randn(rows, DIM, generator=torch.Generator().manual_seed(seed))
+
+
+def _module(bag: bool, sparse: bool) -> nn.Module:
+    if bag:
+        return nn.EmbeddingBag(ROWS, DIM, mode="mean", sparse=sparse, padding_idx=PAD)
+    return nn.Embedding(ROWS, DIM, sparse=sparse, padding_idx=PAD)
+
+
+def _loss(output: torch.Tensor, step: int, rank: int) -> torch.Tensor:
+    flat = output.reshape(-1, DIM)
+    return (flat * _targets(step, rank, flat.shape[0])).sum()
+
+
+def _ranks(rank: int, world: int, port: int, out: str) -> None:
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    results = {}
+    for servers, optimizer, bag in CONFIGS:
+        tables = Tables(servers, rank, world, optimizer, RATE)
+        original = _module(bag, sparse=False)
+        original.weight.data.copy_(_initial())
+        tables.hold("t", original.weight)
+        remote = RemoteEmbedding(tables, "t", original)
+        for step, ids in enumerate(IDS):
+            _loss(remote(torch.tensor(ids[rank])), step, rank).backward()
+            tables.push(1.0 / world)
+        with torch.no_grad():  # a pull without autograd keeps nothing for a push
+            remote(torch.tensor(IDS[0][rank]))
+        assert not tables.pulled
+        results[(servers, optimizer, bag)] = (tables.gather("t"), tables.bytes_sent)
+    try:
+        remote(torch.tensor([[ROWS]]))
+    except TrainingError as err:
+        results["error"] = str(err)
+    torch.save(results, f"{out}.{rank}")
+    dist.destroy_process_group()
+
+
+def _reference(optimizer: str, bag: bool) -> dict[str, torch.Tensor]:
+    """One process, the global batch (both ranks' rows), torch's sparse optimizer."""
+    table = _module(bag, sparse=True)
+    table.weight.data.copy_(_initial())
+    optim = torch.optim.Adagrad(table.parameters(), lr=RATE) if optimizer == "adagrad" \
+        else torch.optim.SparseAdam(table.parameters(), lr=RATE)
+    for step, ids in enumerate(IDS):
+        optim.zero_grad()
+        loss = sum(_loss(table(torch.tensor(ids[rank])), step, rank) for rank in (0, 1))
+        (loss / 2).backward()  # the ranks' gradients averaged, as DDP averages
+        optim.step()
+    state = optim.state[table.weight]
+    keys = ("sum",) if optimizer == "adagrad" else ("exp_avg", "exp_avg_sq")
+    return {"weight": table.weight.detach(), **{key: state[key].to_dense() for key in keys}}
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    out = str(tmp_path_factory.mktemp("ps") / "result")
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    mp.spawn(_ranks, args=(2, port, out), nprocs=2)
+    return [torch.load(f"{out}.{rank}", weights_only=False) for rank in (0, 1)]
+
+
+@pytest.mark.parametrize("servers, optimizer, bag", CONFIGS)
+def test_tables_equal_one_process_with_torchs_sparse_optimizer(ranks, servers, optimizer, bag):
+    whole, _ = ranks[0][(servers, optimizer, bag)]
+    assert ranks[1][(servers, optimizer, bag)][0] is None  # only rank 0 gets the table
+    expected = _reference(optimizer, bag)
+    assert set(whole) == set(expected)
+    for key, value in expected.items():
+        torch.testing.assert_close(whole[key], value, rtol=1e-5, atol=1e-6)
+    assert torch.equal(whole["weight"][PAD], _initial()[PAD])  # the padding row never trains
+
+
+def test_only_rows_owned_elsewhere_are_sent(ranks):
+    """One server (rank 0): rank 1 sends its ids and gradients, rank 0 the rows it serves."""
+    for config in CONFIGS:
+        sent = [ranks[rank][config][1] for rank in (0, 1)]
+        if config[0] == 1:
+            assert sent[0] > 0 and sent[1] > 0
+        assert all(0 < count < 10 * ROWS * DIM * 4 * len(IDS) for count in sent)
+
+
+def test_an_id_beyond_the_table_is_a_typed_error(ranks):
+    assert f"id {ROWS} is beyond table 't' (ids 0 to {ROWS - 1})" in ranks[0]["error"]
