@@ -55,10 +55,8 @@ class Pulled:
 class Tables:
     """This rank's shards of the tables and its half of every exchange."""
 
-    def __init__(self, servers: int, rank: int, world: int, optimizer: str,
-                 learning_rate: float) -> None:
-        self.servers, self.rank, self.world = servers, rank, world
-        self.optimizer, self.learning_rate = optimizer, learning_rate
+    def __init__(self, servers: int, rank: int, world: int, optimizer: str) -> None:
+        self.servers, self.rank, self.world, self.optimizer = servers, rank, world, optimizer
         self.shards: dict[str, Shard] = {}
         self.pulled: list[Pulled] = []
         self.bytes_sent = 0  # ids, rows and gradients this rank sent to other ranks
@@ -88,13 +86,7 @@ class Tables:
         every rank pulls from the same tables in the same order. Under autograd the rows are
         kept for :meth:`push`."""
         shard = self.shards[name]
-        flat = ids.reshape(-1).to(torch.int64)
-        if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= shard.rows):
-            bad = int(flat.min()) if int(flat.min()) < 0 else int(flat.max())
-            raise TrainingError(f"id {bad} is beyond table {name!r} (ids 0 to "
-                                f"{shard.rows - 1}): re-index the column or enlarge the "
-                                "table (modelKwargs).")
-        distinct, index = torch.unique(flat, return_inverse=True)
+        distinct, index = torch.unique(self._checked(name, ids), return_inverse=True)
         owner = distinct % self.servers
         order = torch.argsort(owner, stable=True)
         sent = torch.bincount(owner, minlength=self.world).tolist()
@@ -110,10 +102,20 @@ class Tables:
             self.pulled.append(Pulled(name, order, sent, received, local, rows, padding))
         return rows, index.view(ids.shape), padding
 
-    def push(self, scale: float) -> None:
+    def _checked(self, name: str, ids: torch.Tensor) -> torch.Tensor:
+        """``ids`` flat, as int64; TrainingError for one beyond table ``name``."""
+        rows = self.shards[name].rows
+        flat = ids.reshape(-1).to(torch.int64)
+        if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= rows):
+            bad = int(flat.min()) if int(flat.min()) < 0 else int(flat.max())
+            raise TrainingError(f"id {bad} is beyond table {name!r} (ids 0 to {rows - 1}): "
+                                "re-index the column or enlarge the table (modelKwargs).")
+        return flat
+
+    def push(self, scale: float, rate: float) -> None:
         """Send the gradients of the rows pulled since the last push to their servers; each
-        server sums them per row over every rank, times ``scale``, and updates those rows.
-        Collective."""
+        server sums them per row over every rank, times ``scale``, and updates those rows at
+        learning rate ``rate``. Collective."""
         pushed: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         for pull in self.pulled:
             grad = pull.rows.grad if pull.rows.grad is not None \
@@ -127,7 +129,11 @@ class Tables:
             if name in pushed:
                 local = torch.cat([local for local, _ in pushed[name]])
                 grads = torch.cat([grad for _, grad in pushed[name]])
-                self._apply(shard, local, grads, scale)
+                self._apply(shard, local, grads, scale, rate)
+
+    def settle(self) -> None:
+        """Every push applied, so that the shards can be gathered: here each push is applied
+        when it is made (collective, like the asynchronous servers' settle)."""
 
     def _exchange_counts(self, sent: list[int]) -> list[int]:
         received = torch.empty(self.world, dtype=torch.int64)
@@ -146,7 +152,7 @@ class Tables:
 
     # -------------------------------------------------------------------- the optimizers
     def _apply(self, shard: Shard, local: torch.Tensor, grads: torch.Tensor,
-               scale: float) -> None:
+               scale: float, rate: float) -> None:
         """One sparse step on the rows ``local`` with the per-row sum of ``grads``."""
         shard.step += 1
         if not local.numel():
@@ -154,7 +160,6 @@ class Tables:
         rows, where = torch.unique(local, return_inverse=True)
         grad = grads.new_zeros((rows.numel(), grads.shape[1])).index_add_(0, where, grads)
         grad.mul_(scale)
-        rate = self.learning_rate
         if self.optimizer == "adagrad":  # torch.optim.Adagrad on a sparse gradient
             total = shard.state["sum"]
             total.index_add_(0, rows, grad * grad)

@@ -53,14 +53,14 @@ def _ranks(rank: int, world: int, port: int, out: str) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world)
     results = {}
     for servers, optimizer, bag in CONFIGS:
-        tables = Tables(servers, rank, world, optimizer, RATE)
+        tables = Tables(servers, rank, world, optimizer)
         original = _module(bag, sparse=False)
         original.weight.data.copy_(_initial())
         tables.hold("t", original.weight)
         remote = RemoteEmbedding(tables, "t", original)
         for step, ids in enumerate(IDS):
             _loss(remote(torch.tensor(ids[rank])), step, rank).backward()
-            tables.push(1.0 / world)
+            tables.push(1.0 / world, RATE)
         with torch.no_grad():  # a pull without autograd keeps nothing for a push
             remote(torch.tensor(IDS[0][rank]))
         assert not tables.pulled
@@ -73,38 +73,46 @@ def _ranks(rank: int, world: int, port: int, out: str) -> None:
     dist.destroy_process_group()
 
 
-def _reference(optimizer: str, bag: bool) -> dict[str, torch.Tensor]:
-    """One process, the global batch (both ranks' rows), torch's sparse optimizer."""
+def reference(optimizer: str, bag: bool,
+              steps: list[list[tuple[int, int]]]) -> dict[str, torch.Tensor]:
+    """One process, torch's sparse optimizer: each step's loss is that of the (step, rank)
+    batches it lists, halved (the ranks' gradients averaged, as DDP averages)."""
     table = _module(bag, sparse=True)
     table.weight.data.copy_(_initial())
     optim = torch.optim.Adagrad(table.parameters(), lr=RATE) if optimizer == "adagrad" \
         else torch.optim.SparseAdam(table.parameters(), lr=RATE)
-    for step, ids in enumerate(IDS):
+    for batches in steps:
         optim.zero_grad()
-        loss = sum(_loss(table(torch.tensor(ids[rank])), step, rank) for rank in (0, 1))
-        (loss / 2).backward()  # the ranks' gradients averaged, as DDP averages
+        loss = sum(_loss(table(torch.tensor(IDS[step][rank])), step, rank)
+                   for step, rank in batches)
+        (loss / 2).backward()
         optim.step()
     state = optim.state[table.weight]
     keys = ("sum",) if optimizer == "adagrad" else ("exp_avg", "exp_avg_sq")
     return {"weight": table.weight.detach(), **{key: state[key].to_dense() for key in keys}}
 
 
-@pytest.fixture(scope="module")
-def ranks(tmp_path_factory):
+def run_ranks(target, directory) -> list[dict]:
+    """``target(rank, world, port, out)`` on two spawned gloo ranks; what each saved."""
     with socket.socket() as free:
         free.bind(("127.0.0.1", 0))
         port = free.getsockname()[1]
-    out = str(tmp_path_factory.mktemp("ps") / "result")
+    out = str(directory / "result")
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    mp.spawn(_ranks, args=(2, port, out), nprocs=2)
+    mp.spawn(target, args=(2, port, out), nprocs=2)
     return [torch.load(f"{out}.{rank}", weights_only=False) for rank in (0, 1)]
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    return run_ranks(_ranks, tmp_path_factory.mktemp("ps"))
 
 
 @pytest.mark.parametrize("servers, optimizer, bag", CONFIGS)
 def test_tables_equal_one_process_with_torchs_sparse_optimizer(ranks, servers, optimizer, bag):
     whole, _ = ranks[0][(servers, optimizer, bag)]
     assert ranks[1][(servers, optimizer, bag)][0] is None  # only rank 0 gets the table
-    expected = _reference(optimizer, bag)
+    expected = reference(optimizer, bag, [[(step, 0), (step, 1)] for step in range(len(IDS))])
     assert set(whole) == set(expected)
     for key, value in expected.items():
         torch.testing.assert_close(whole[key], value, rtol=1e-5, atol=1e-6)

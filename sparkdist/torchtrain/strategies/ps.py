@@ -6,9 +6,13 @@ them); every rank trains on its rows of the data. In a step a rank pulls the row
 touches, and after the backward pass pushes their gradients, which the servers apply with a
 sparse optimizer (``psOptimizer``, at ``psLearningRate``) to those rows only
 (:mod:`sparkdist.torchtrain.tables`); the dense layers are averaged by DDP as under ``ddp``.
-A step waits for every push (synchronous), so with ``optimizer="adagrad"`` and
+By default a step waits for every push (synchronous), so with ``optimizer="adagrad"`` and
 ``psOptimizer="adagrad"`` at the same rate a fit equals the same fit under ``ddp``, while a
 step sends only the touched rows instead of all-reducing every table's whole gradient.
+With ``maxStaleness > 0`` the servers are asynchronous
+(:mod:`sparkdist.torchtrain.tables_async`): a push is applied when it arrives, no step waits
+for the other ranks', and the dense layers use ``ddp``'s bounded-staleness averaging, whose
+skipped steps bound how far behind a slow rank falls.
 
 Servers and trainers share the barrier ranks (as in TorchRec's row-wise sharding): Spark
 gives every barrier task a partition of the data, so every rank trains, and ``k`` of them also
@@ -27,8 +31,9 @@ from typing import TYPE_CHECKING, Any
 
 from sparkdist.exceptions import ParamError
 from sparkdist.torchtrain import strategies
-from sparkdist.torchtrain.strategies.base import WholeModel
+from sparkdist.torchtrain.strategies import ddp
 from sparkdist.torchtrain.tables import EMBEDDINGS, STATE_COPIES, RemoteEmbedding, Tables
+from sparkdist.torchtrain.tables_async import AsyncTables
 
 if TYPE_CHECKING:
     import torch
@@ -38,7 +43,8 @@ if TYPE_CHECKING:
 
 SUPPORTS = strategies.Supports(
     backends=("torch",), why="the parameter servers exchange rows with torch.distributed's "
-    "all_to_all, which Horovod does not provide", typed_inputs=True)
+    "all_to_all, send and recv, which Horovod does not provide", typed_inputs=True,
+    local_steps=True)
 
 
 def usable(spec: TrainSpec) -> Callable[[int], bool]:
@@ -58,6 +64,11 @@ def check(spec: TrainSpec, module: torch.nn.Module) -> None:
         raise ParamError(f"parameterServers={servers} with numWorkers={workers}: the servers "
                          f"are ranks of the fit; use at most {workers} (0: every rank), or "
                          "raise numWorkers.")
+    if spec.comm.sync_every > 1 and not spec.comm.max_staleness:
+        raise ParamError(f"syncEvery={spec.comm.sync_every} with strategy='ps': synchronous "
+                         "servers take every step together; set syncEvery=1, or "
+                         "maxStaleness > 0 for asynchronous servers (whose dense layers "
+                         "average every syncEvery steps).")
     if spec.launch.use_gpu is True:
         raise ParamError("strategy='ps' runs on CPU executors (the servers exchange rows "
                          "over gloo): set useGpu=False, or strategy='ddp' on GPUs.")
@@ -127,52 +138,57 @@ def table_names(module: torch.nn.Module, names: list[str]) -> list[str]:
     return names
 
 
-class Strategy(WholeModel):
+class Strategy(ddp.Strategy):
+    """DDP's strategy for the dense layers (with its bounded-staleness averaging under
+    ``maxStaleness``), the servers for the tables."""
+
     name = "ps"
 
     def setup(self, module: torch.nn.Module) -> None:
         """Keep this rank's rows of every table, put a :class:`RemoteEmbedding` in each
-        table's place, and wrap the rest in DDP (weights broadcast from rank 0)."""
-        strategy, world = self.spec.strategy, self.context.world_size
+        table's place, and set the rest up as ``ddp`` does (weights broadcast from rank 0)."""
         if self.device.type != "cpu":
             raise ParamError("strategy='ps' runs on CPU executors: set useGpu=False.")
         self.keys = list(module.state_dict())  # the whole model's, in its order
-        self.tables = Tables(strategy.parameter_servers or world, self.context.rank, world,
-                             strategy.ps_optimizer,
-                             strategy.ps_learning_rate or self.spec.optim.learning_rate)
-        for name in table_names(module, list(strategy.ps_tables)):
+        self.tables = self._tables()
+        for name in table_names(module, list(self.spec.strategy.ps_tables)):
             original = module.get_submodule(name)
             self.tables.hold(name, _weight(module, name))
             parent, _, child = name.rpartition(".")
             setattr(module.get_submodule(parent), child,
                     RemoteEmbedding(self.tables, name, original))
-        self.module = module
-        self.model = self.clock.watch(self.backend.wrap_model(module, self.device), None)
+        super().setup(module)
+
+    def _tables(self) -> Tables:
+        servers = self.spec.strategy.parameter_servers or self.context.world_size
+        args = (servers, self.context.rank, self.context.world_size,
+                self.spec.strategy.ps_optimizer)
+        if self.spec.comm.max_staleness:
+            return AsyncTables(*args, self.context.settings.collective_timeout_s)
+        return Tables(*args)
 
     def train_step(self, features: Inputs, target: Target, scale: float,
                    optimizer: Any) -> torch.Tensor:
-        """A DDP step of the dense layers, then the rows' push (the servers' step), at the
-        rate the schedule gives the dense layers, scaled to psLearningRate."""
-        loss = self._step(self.model, features, target, scale, optimizer)
+        """The dense layers' step as under ``ddp``, then the rows' push (the servers'
+        step) at psLearningRate, scaled as the schedule scales the dense layers' rate."""
+        loss = super().train_step(features, target, scale, optimizer)
         base = self.spec.optim.learning_rate
         factor = optimizer.param_groups[0]["lr"] / base if base else 1.0
-        rate = self.tables.learning_rate
-        self.tables.learning_rate = rate * factor
-        try:
-            self.tables.push(1.0 / self.context.world_size)  # DDP averages the same way
-        finally:
-            self.tables.learning_rate = rate
+        rate = self.spec.strategy.ps_learning_rate or base
+        self.tables.push(1.0 / self.context.world_size, rate * factor)  # as DDP averages
         return loss
 
     def full_state(self) -> dict[str, Any] | None:
         """The whole model's state dict on rank 0, its tables gathered from the servers.
         Collective."""
+        self._same_model()
         whole = self._gathered()
         if whole is None:
             return None
         return self._model_state(whole)
 
     def _gathered(self) -> dict[str, dict[str, torch.Tensor]] | None:
+        self.tables.settle()
         gathered = {name: self.tables.gather(name) for name in self.tables.shards}
         if self.context.rank != 0:
             return None
@@ -185,8 +201,9 @@ class Strategy(WholeModel):
         return {key: state[key] for key in self.keys if key in state}
 
     def save_training_state(self, optimizer: Any, where: str) -> dict[str, Any] | None:
-        """Rank 0's whole model and dense optimizer state, and the servers' optimizer state
-        for every row. Collective."""
+        """Rank 0's whole model and dense optimizer state, the servers' optimizer state for
+        every row, and the step count. Collective."""
+        self._same_model(optimizer)
         whole = self._gathered()
         if whole is None:
             return None
@@ -194,7 +211,8 @@ class Strategy(WholeModel):
                 "ps": {name: {**{key: value for key, value in parts.items()
                                  if key != "weight"},
                               "step": self.tables.shards[name].step}
-                       for name, parts in whole.items()}}
+                       for name, parts in whole.items()},
+                "ddp": {"calls": self.calls}}
 
     def load_training_state(self, saved: dict[str, Any], optimizer: Any) -> None:
         model = dict(saved["model"])
@@ -203,6 +221,10 @@ class Strategy(WholeModel):
             self.tables.restore(name, table, int(state["step"]))
         self.module.load_state_dict(model)
         optimizer.load_state_dict(saved["optimizer"])
+        self.calls = int(saved.get("ddp", {}).get("calls", 0))
 
     def state_bytes(self, optimizer: Any) -> int:
+        """As the base's, with this rank's rows and their optimizer state. Collective: the
+        loop asks every rank once training is over, so the servers settle here."""
+        self.tables.settle()
         return super().state_bytes(optimizer) + self.tables.held_bytes()
