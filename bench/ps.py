@@ -11,6 +11,14 @@ the sides alternating, as "later").
   test_strategy_ps.py). Bytes sent per step by the busiest rank (the kernel's TCP counters of
   each worker; target: ddp's >= 10x ps's), samples/s (target >= 2x) and the test AUC of each
   (target: within 0.002).
+- async_vs_sync: the same model and rows under ``ps``, synchronous against asynchronous
+  (``maxStaleness=4``), rank 1 slowed 2x (it sleeps as long as each step it computes took:
+  :mod:`sparkdist.torchtrain.straggle`). Each side fits 1 to 4 epochs (the median of
+  --repeats fits' seconds, and of their test AUCs, per epoch count, the sides alternating),
+  at the click section's learning rate (0.05: both sides peak after one epoch, and then
+  overfit the rare ids) and at 0.01. Time to the same AUC: the median seconds of the fewest
+  epochs whose median AUC is within 0.002 (the click section's AUC target) of the best the
+  synchronous side reached (None: not within 4 epochs). Target: async's <= sync's.
 - sparse_lr: ``nets.HashedLogistic`` on 2^20 hashed features (16 ids per row) under ``ps``
   against MLlib's LogisticRegression (its defaults) on the same rows as 2^20-wide sparse
   vectors: seconds and test log-loss of each.
@@ -42,6 +50,8 @@ CLICK = {"dense": 13, "tables": [TABLE_ROWS] * FEATURES, "dim": DIM, "hidden": [
 CLICK_FIT = {"optimizer": "adagrad", "learningRate": 0.05, "batchSize": 1024, "epochs": 2}
 HASHED, IDS_PER_ROW = 2**20, 16
 LR_FIT = {"optimizer": "adagrad", "learningRate": 0.1, "batchSize": 1024, "epochs": 3}
+STALENESS, SLOWED, EPOCH_COUNTS = 4, {"rank": 1, "factor": 2.0}, (1, 2, 3, 4)
+ASYNC_RATES, AUC_TOLERANCE = (0.05, 0.01), 0.002
 
 
 def hashed_ids(rng: Any, rows: int, columns: int, size: int) -> Any:
@@ -103,8 +113,7 @@ def sides(fits: dict[str, Callable[[], Any]], repeats: int) -> dict[str, dict[st
     return runs
 
 
-def click(spark: Any, rows: int, repeats: int) -> dict[str, Any]:
-    train, test = click_frames(spark, rows)
+def click(train: Any, test: Any, repeats: int) -> dict[str, Any]:
     click_estimator("ddp").copy({}).setEpochs(1).fit(test)  # warms the session, untimed
     runs = sides({"ps": lambda: click_estimator("ps").fit(train),
                   "ddp": lambda: click_estimator("ddp").fit(train)}, repeats)
@@ -136,6 +145,51 @@ def click(spark: Any, rows: int, repeats: int) -> dict[str, Any]:
             "definition": "ClickModel " + str(CLICK) + ", " + str(CLICK_FIT) + ", 2 workers; "
             + PROTOCOL.format(n=repeats) + "; bytes: the busiest rank's TCP bytes sent over "
             "the fit's steps"}
+
+
+def async_vs_sync(train: Any, test: Any, repeats: int, rate: float) -> dict[str, Any]:
+    """Synchronous against asynchronous servers with rank 1 slowed 2x: time to the same AUC."""
+    from sparkdist.torchtrain import straggle
+
+    def fit(mode: str, epochs: int) -> tuple[float, float, float]:
+        estimator = click_estimator("ps").setEpochs(epochs).setLearningRate(rate)
+        if mode == "async":
+            estimator.setMaxStaleness(STALENESS)
+        straggle.arm(estimator, **SLOWED)
+        started = time.perf_counter()
+        model = estimator.fit(train)
+        seconds = time.perf_counter() - started
+        skipped = model.trainingSummary["ranks"][SLOWED["rank"]]["skipped_steps"]
+        return seconds, auc(model, test), skipped / (model.trainingSummary["steps_per_epoch"]
+                                                     * epochs)
+
+    runs: dict[str, dict[int, list[tuple[float, float, float]]]] = {"sync": {}, "async": {}}
+    for epochs in EPOCH_COUNTS:
+        for _ in range(repeats):
+            for mode, per_epochs in runs.items():
+                per_epochs.setdefault(epochs, []).append(fit(mode, epochs))
+    found = {mode: {str(epochs): {
+        "seconds": round(statistics.median(f[0] for f in fits), 2),
+        "test_auc": round(statistics.median(f[1] for f in fits), 4),
+        "slowed_rank_skipped": round(statistics.median(f[2] for f in fits), 3)}
+        for epochs, fits in per_epochs.items()} for mode, per_epochs in runs.items()}
+    target = round(max(f["test_auc"] for f in found["sync"].values()) - AUC_TOLERANCE, 4)
+    reached = {mode: next(((int(e), f["seconds"]) for e, f in per.items()
+                           if f["test_auc"] >= target), (None, None))
+               for mode, per in found.items()}
+    sync_s, async_s = reached["sync"][1], reached["async"][1]
+    return {"learning_rate": rate, "staleness": STALENESS, "slowed": SLOWED, "per_epochs": found,
+            "target_auc": target, "sync_epochs": reached["sync"][0],
+            "async_epochs": reached["async"][0], "sync_s": sync_s, "async_s": async_s,
+            "time_ratio": round(async_s / sync_s, 3) if async_s and sync_s else None,
+            "target": "<= 1",
+            "definition": "ClickModel " + str(CLICK) + ", " + str(CLICK_FIT) + " but 1-4 "
+            f"epochs at learningRate {rate}, strategy='ps' on 2 workers, rank 1 slowed 2x, "
+            "synchronous vs "
+            f"maxStaleness={STALENESS}; seconds: wall clock on the driver around the whole fit, "
+            f"median of {repeats} per epoch count (test AUC: their median), the sides "
+            "alternating; time to the same AUC: the seconds of the fewest epochs whose AUC is "
+            f"within {AUC_TOLERANCE} of the synchronous side's best"}
 
 
 def hashed_frames(spark: Any, rows: int, seed: int = 6) -> tuple[Any, Any]:
@@ -198,6 +252,12 @@ def log_loss(model: Any, test: Any) -> float:
     return float(loss(scored.label, [float(p[1]) for p in scored.probability], labels=[0, 1]))
 
 
+def clicks(spark: Any, rows: int, repeats: int) -> dict[str, Any]:
+    train, test = click_frames(spark, rows)
+    return {"click": click(train, test, repeats),
+            "async_vs_sync": [async_vs_sync(train, test, repeats, rate) for rate in ASYNC_RATES]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer rows, 1 repeat")
@@ -206,7 +266,7 @@ def main() -> None:
     repeats = 1 if options.quick else options.repeats
     spark = start_spark("sparkdist-bench-ps", conf={"spark.driver.memory": "4g"})
     result = {"machine": machine(spark), "repeats": repeats,
-              "click": click(spark, 10_000 if options.quick else 100_000, repeats),
+              **clicks(spark, 10_000 if options.quick else 100_000, repeats),
               "sparse_lr": sparse_lr(spark, 10_000 if options.quick else 120_000, repeats)}
     write_result("ps", result, save=not options.quick)
 

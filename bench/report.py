@@ -80,15 +80,26 @@ def git(*args: str) -> tuple[int, str]:
     return done.returncode, done.stdout.strip()
 
 
+#: Modules that only one benchmark's fits import: a strategy's module (and what only it
+#: imports) is loaded by name, when a fit names the strategy
+#: (sparkdist.torchtrain.strategies.module), so a change to them leaves the figures of the
+#: other benchmarks that measure their folder current (tests/unit/test_bench_report.py
+#: checks that nothing else imports them).
+ONLY_FOR = {"ps": ("sparkdist/torchtrain/strategies/ps.py", "sparkdist/torchtrain/tables.py",
+                   "sparkdist/torchtrain/tables_async.py")}
+
+
 def measured_paths(name: str) -> tuple[str, ...]:
-    """The ``MEASURES`` a benchmark script declares, read without importing it."""
+    """The ``MEASURES`` a benchmark script declares, read without importing it, less the
+    modules only another benchmark's fits import (as git's exclude pathspecs)."""
     tree = ast.parse((BENCH / f"{name}.py").read_text())
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(
                 isinstance(t, ast.Name) and t.id == "MEASURES" for t in node.targets):
             paths = ast.literal_eval(node.value)
             if isinstance(paths, tuple) and paths and all(isinstance(p, str) for p in paths):
-                return paths
+                return paths + tuple(f":(exclude){path}" for other, only in ONLY_FOR.items()
+                                     if other != name for path in only)
     raise SystemExit(f"bench/{name}.py: MEASURES must be a non-empty tuple of the code paths "
                      "it measures, e.g. MEASURES = (\"sparkdist/features\",)")
 
@@ -139,7 +150,8 @@ def stale(found: dict[str, Any], paths: tuple[str, ...]) -> str | None:
         return f"measured code changed since {commit[:7]}"
     if status != 0:
         return f"commit {commit[:7]} is not in this history"
-    dirty = [f for f in found.get("dirty", []) if any(
+    excluded = {p.removeprefix(":(exclude)") for p in paths if p.startswith(":(exclude)")}
+    dirty = [f for f in found.get("dirty", []) if f not in excluded and any(
         f == p or f.startswith(p.rstrip("/") + "/") for p in paths)]
     return f"measured with uncommitted changes to {', '.join(dirty)}" if dirty else None
 
@@ -478,6 +490,20 @@ def _tuning_rows(f: dict[str, Any], row: Any) -> None:
             p["definition"])
 
 
+def _ps_async_rows(measured: list[dict[str, Any]], row: Any) -> None:
+    """bench/ps.py's async_vs_sync: time to the same AUC, rank 1 slowed 2x."""
+    for a in measured:
+        best = {mode: max(f["test_auc"] for f in per.values())
+                for mode, per in a["per_epochs"].items()}
+        epochs = (f"async at {a['async_epochs']} epoch(s)" if a["async_epochs"] else
+                  "async: not within 4 epochs")
+        row(f"strategy='ps' asynchronous (maxStaleness={a['staleness']}) vs synchronous, "
+            f"rank 1 slowed {a['slowed']['factor']:g}x, learningRate {a['learning_rate']}: "
+            f"seconds to test AUC {a['target_auc']} (sync's best {best['sync']} - 0.002; "
+            f"async's best {best['async']}; sync at {a['sync_epochs']} epoch(s), {epochs})",
+            a["async_s"], a["sync_s"], a["time_ratio"], a["target"], "s", a["definition"])
+
+
 def _ps_rows(f: dict[str, Any], row: Any) -> None:
     """bench/ps.py: strategy="ps" against ddp on a 2^20-row table, and sparse logistic
     regression on hashed features against MLlib's."""
@@ -494,6 +520,7 @@ def _ps_rows(f: dict[str, Any], row: Any) -> None:
     row(f"{what}: test AUC, difference (ps {c['ps']['test_auc']}, ddp {c['ddp']['test_auc']})",
         c["ps"]["test_auc"], c["ddp"]["test_auc"], c["auc_difference"], c["auc_target"],
         "difference", c["definition"])
+    _ps_async_rows(f.get("async_vs_sync", []), row)  # [] in results from before async
     lr = f["sparse_lr"]
     what = (f"nets.HashedLogistic under ps vs MLlib LogisticRegression, {lr['rows']:,} rows of "
             f"{lr['ids_per_row']} ids in {lr['features']:,} hashed features")
@@ -655,7 +682,11 @@ def page(rows: list[dict[str, Any]], results: dict[str, tuple[dict[str, Any], Pa
         first = next((r for r in rows if r["benchmark"] == name), None)
         if first:
             reasons = "; ".join(x for x in (first["stale"], first["noisy"]) if x) or "-"
-            parts.append(f"- `bench/{name}.py` (measures {', '.join(measured_paths(name))}) "
+            paths = measured_paths(name)
+            measured = [p for p in paths if not p.startswith(":(exclude)")]
+            but = [p.removeprefix(":(exclude)") for p in paths if p not in measured]
+            parts.append(f"- `bench/{name}.py` (measures {', '.join(measured)}"
+                         + (f"; not {', '.join(but)}" if but else "") + ") "
                          f"on {machine(results[name][0])}: "
                          f"{reasons}")
     parts += ["", "## Definitions", ""]

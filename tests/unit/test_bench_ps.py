@@ -40,7 +40,16 @@ def test_ps_figures_become_rows_with_their_targets():
                              "sparkdist": {"first_s": 12.0, "later_s": 8.0, "test_log_loss": 0.55},
                              "mllib": {"first_s": 30.0, "later_s": 20.0, "test_log_loss": 0.5},
                              "time_ratio_later": 0.4, "time_ratio_first": 0.4}}
+    assert len(report.table({"ps": figures})) == 7  # results from before async was measured
+    figures["async_vs_sync"] = [{
+        "learning_rate": 0.05, "staleness": 4, "slowed": {"rank": 1, "factor": 2.0},
+        "per_epochs": {"sync": {"1": {"test_auc": 0.722}}, "async": {"1": {"test_auc": 0.71}}},
+        "target_auc": 0.72, "sync_epochs": 1, "async_epochs": None, "sync_s": 10.0,
+        "async_s": None, "time_ratio": None, "target": "<= 1", "definition": "d"}]
     rows = report.table({"ps": figures})
+    assert "async: not within 4 epochs" in rows[4]["comparison"] and not report.met(rows[4])
+    assert "sync's best 0.722 - 0.002; async's best 0.71" in rows[4]["comparison"]
+    del rows[4]
     assert [row["target"] for row in rows] == [">= 10", ">= 2", ">= 2", "<= 0.002", "-", "-",
                                                "-"]
     assert "1,048,576 rows x 16" in rows[0]["comparison"]

@@ -4,6 +4,7 @@ from this repository's real git history) or NOISY (a busy machine). No Spark."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import shutil
@@ -97,6 +98,35 @@ def test_a_figure_is_stale_when_its_measured_code_changed_after_its_commit():
 
 
 @needs_git
+def test_a_change_to_a_module_only_ps_imports_leaves_the_other_figures_current():
+    head = report.git("rev-parse", "HEAD")[1]
+    tables = "sparkdist/torchtrain/tables.py"
+    assert f":(exclude){tables}" in report.measured_paths("deep")
+    assert f":(exclude){tables}" not in report.measured_paths("ps")
+    edited = {"commit": head, "dirty": [tables]}
+    assert report.stale(edited, report.measured_paths("deep")) is None
+    assert report.stale(edited, report.measured_paths("ps")) == (
+        f"measured with uncommitted changes to {tables}")
+    everything_but = ("sparkdist/features", ":(exclude)sparkdist/features")
+    assert report.stale({"commit": OLD_COMMIT}, everything_but) is None
+
+
+def test_nothing_else_imports_the_modules_only_ps_fits_import():
+    """What makes ONLY_FOR true: strategies load by name, and no other module of the package
+    imports ps's."""
+    root = BENCH.parent
+    only = {path: path.removesuffix(".py").replace("/", ".") for path in report.ONLY_FOR["ps"]}
+    for source in (root / "sparkdist").rglob("*.py"):
+        if str(source.relative_to(root)) in only:
+            continue
+        for node in ast.walk(ast.parse(source.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+                     if isinstance(node, ast.ImportFrom) else [])
+            assert not set(names) & set(only.values()), (source, names)
+
+
+@needs_git
 def test_older_results_get_their_commit_and_load_from_what_they_recorded():
     daemon = report.provenance("daemon_memory", {"commit": "f35ec65", "load_1min": [0.2, 0.8],
                                                  "date": "2026-12-04"}, BENCH / "x.json")
@@ -148,7 +178,7 @@ def test_the_load_monitor_counts_other_processes_and_not_its_own():
 def test_every_benchmark_declares_code_that_exists():
     root = BENCH.parent
     for name in report.SCRIPTS:
-        paths = report.measured_paths(name)
+        paths = [p.removeprefix(":(exclude)") for p in report.measured_paths(name)]
         assert all((root / path).exists() for path in paths), (name, paths)
         assert report.summary(name)
 
