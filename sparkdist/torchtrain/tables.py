@@ -14,6 +14,9 @@ Only the distinct ids of a batch and their rows travel, never a whole table or i
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import io
+import math
 from typing import Any
 
 import torch
@@ -21,6 +24,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
+from sparkdist import store
 from sparkdist.exceptions import TrainingError
 from sparkdist.torchtrain.spec import PS_OPTIMIZERS
 
@@ -173,11 +177,11 @@ class Tables:
         shard.weight.index_add_(0, rows, -size * first[rows] / (second[rows].sqrt() + eps))
 
     # ------------------------------------------------------------- whole tables, for rank 0
-    def gather(self, name: str) -> dict[str, torch.Tensor] | None:
-        """The whole table and its optimizer state on rank 0 (None elsewhere): each server
-        sends its rows to rank 0. Collective."""
+    def gather(self, name: str, state: bool = True) -> dict[str, torch.Tensor] | None:
+        """The whole table and (with ``state``) its optimizer state on rank 0 (None
+        elsewhere): each server sends its rows to rank 0. Collective."""
         shard = self.shards[name]
-        parts = {"weight": shard.weight, **shard.state}
+        parts = {"weight": shard.weight, **(shard.state if state else {})}
         if self.rank == 0:
             whole = {key: part.new_empty((shard.rows, part.shape[1]))
                      for key, part in parts.items()}
@@ -196,14 +200,79 @@ class Tables:
                 dist.send(part.contiguous(), dst=0)
         return None
 
-    def restore(self, name: str, saved: dict[str, Any], step: int) -> None:
-        """Take this rank's rows of a table and optimizer state :meth:`gather` returned."""
-        self.hold(name, saved["weight"])
-        shard = self.shards[name]
-        shard.step = step
-        for key in shard.state:
-            shard.state[key] = saved[key][self.rank::self.servers].clone() \
-                if self.rank < self.servers else saved[key][:0].clone()
+    # ------------------------------------------------------- sharded checkpoints (store)
+    def write(self, where: str) -> str | None:
+        """Write this server's rows and optimizer state of every table to a file of its own
+        under ``where`` (any store :mod:`sparkdist.store` supports); returns its SHA-256
+        (None on a rank that serves no rows)."""
+        if self.rank >= self.servers:
+            return None
+        payload = {name: {"rows": torch.tensor(shard.rows), "step": torch.tensor(shard.step),
+                          "weight": shard.weight, **shard.state}
+                   for name, shard in self.shards.items()}
+        buffer = io.BytesIO()
+        torch.save(payload, buffer)
+        data = buffer.getvalue()
+        store.write_bytes(f"{where}/{shard_file(self.rank)}", data)
+        return hashlib.sha256(data).hexdigest()
+
+    def read(self, where: str, digests: list[str]) -> None:
+        """Take this rank's rows and optimizer state of every table from the files that
+        ``len(digests)`` servers (any number) wrote under ``where``: only the files that hold
+        some of them, one at a time, each checked against its SHA-256 and read as tensors
+        only. Adam's step count is the highest among them (the same in a synchronous fit)."""
+        if self.rank >= self.servers:
+            return
+        old = len(digests)
+        fresh = {name: {key: torch.empty_like(value) for key, value in
+                        (("weight", shard.weight), *shard.state.items())}
+                 for name, shard in self.shards.items()}
+        steps = dict.fromkeys(self.shards, 0)
+        for server in range(old):
+            if (self.rank - server) % math.gcd(old, self.servers):
+                continue  # none of its rows is one of this rank's
+            url = f"{where}/{shard_file(server)}"
+            saved = _checked_file(url, digests[server])
+            for name, shard in self.shards.items():
+                _check_shape(url, saved, name, shard, -(-(shard.rows - server) // old))
+                rows = server + torch.arange(saved[name]["weight"].shape[0]) * old
+                mine = rows % self.servers == self.rank
+                for key, value in fresh[name].items():
+                    value[rows[mine] // self.servers] = saved[name][key][mine]
+                steps[name] = max(steps[name], int(saved[name]["step"]))
+        for name, shard in self.shards.items():
+            shard.weight = fresh[name].pop("weight")
+            shard.state, shard.step = fresh[name], steps[name]
+
+
+def shard_file(server: int) -> str:
+    return f"ps-server-{server}.pt"
+
+
+def _check_shape(url: str, saved: dict[str, Any], name: str, shard: Shard, rows: int) -> None:
+    """TrainingError unless ``saved`` holds ``rows`` rows of table ``name`` and its state."""
+    part = saved.get(name, {})
+    expected = {"rows", "step", "weight", *shard.state}
+    shape = (rows, shard.weight.shape[1])
+    if set(part) != expected or int(part["rows"]) != shard.rows or any(
+            part[key].shape != shape for key in expected - {"rows", "step"}):
+        raise TrainingError(f"{url} does not hold {rows} rows of table {name!r} with "
+                            f"{sorted(shard.state)}: it was written for another model or "
+                            "psOptimizer; resume from another runId, or resume='never'.")
+
+
+def _checked_file(url: str, digest: str) -> dict[str, dict[str, torch.Tensor]]:
+    try:
+        data = store.read_bytes(url)
+    except FileNotFoundError:
+        raise TrainingError(f"{url} is missing: the checkpoint's shards changed after it was "
+                            "committed; resume from another runId, or resume='never'.") from None
+    if hashlib.sha256(data).hexdigest() != digest:
+        raise TrainingError(f"{url} is damaged (SHA-256): resume from another runId, or "
+                            "resume='never'.")
+    loaded: dict[str, dict[str, torch.Tensor]] = torch.load(io.BytesIO(data),
+                                                            weights_only=True)
+    return loaded
 
 
 def _position(distinct: torch.Tensor, padding_idx: int | None) -> int | None:

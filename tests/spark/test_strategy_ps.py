@@ -1,12 +1,14 @@
 """strategy="ps" (issue 33) on Spark: embedding tables on parameter servers. A synchronous fit
 equals the same fit under ddp with the same sparse-friendly optimizer (Adagrad), with one
 server or every rank serving; it sends a fraction of ddp's bytes; a killed server resumes to
-the uninterrupted weights; the fitted model scores and saves like any other; each bad input is
-a typed error before launch."""
+the uninterrupted weights from the shards it wrote to S3; asynchronous servers with a slow
+rank reach the synchronous loss; the fitted model scores and saves like any other; each bad
+input is a typed error before launch."""
 
 from __future__ import annotations
 
 import sys
+import uuid
 
 import numpy as np
 import pandas as pd
@@ -90,15 +92,23 @@ def test_the_ps_model_scores_and_loads_like_any_other(clicks, ps_fit, tmp_path):
     assert ps_fit.transform(clicks).where("prediction = label").count() / clicks.count() > 0.6
 
 
-def test_a_killed_server_resumes_to_the_uninterrupted_weights(clicks, tmp_path):
+def test_a_killed_server_resumes_from_its_shards_on_s3_to_the_uninterrupted_weights(
+        clicks, moto_s3, tmp_path):
+    """The server writes its rows and their Adam state through the store (here S3, a moto
+    server); the rank that held them is killed, and the fit resumes from them exactly."""
+    if not moto_s3.exists("sparkdist-ps"):
+        moto_s3.mkdir("sparkdist-ps")
+    root = f"sparkdist-ps/{uuid.uuid4().hex}"
     settings = {**CLICKS, "strategy": "ps", "parameterServers": 1, "psOptimizer": "adam",
                 "epochs": 3}
     clean = TorchEstimator(checkpointDir=str(tmp_path / "clean"), **settings).fit(clicks)
-    killed = arm(TorchEstimator(checkpointDir=str(tmp_path / "ckpt"), **settings),
+    killed = arm(TorchEstimator(checkpointDir=f"s3://{root}", **settings),
                  str(tmp_path), rank=0, epoch=2, step=3, action="kill").fit(clicks)
     assert killed.trainingSummary["resumed_from_epoch"] == 1
     first, second = clean.module().state_dict(), killed.module().state_dict()
     assert all(torch.equal(first[key], second[key]) for key in first)
+    shards = moto_s3.glob(f"{root}/{killed.trainingSummary['run_id']}/shards-*/*")
+    assert {path.rsplit("/", 1)[1] for path in shards} == {"ps-server-0.pt"}
 
 
 def _log_loss(model, df) -> float:

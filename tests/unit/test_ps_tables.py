@@ -69,8 +69,31 @@ def _ranks(rank: int, world: int, port: int, out: str) -> None:
         remote(torch.tensor([[ROWS]]))
     except TrainingError as err:
         results["error"] = str(err)
+    results["resharded"] = _reshard(tables, rank, world, os.path.dirname(out))
     torch.save(results, f"{out}.{rank}")
     dist.destroy_process_group()
+
+
+def _reshard(trained: Tables, rank: int, world: int, directory: str) -> dict:
+    """The last config's tables (2 servers, adam) written, then read back by 1 server and
+    by 2; a damaged file. Collective."""
+    import torch.distributed as dist
+
+    where = f"{directory}/shards"
+    digests: list = [None] * world
+    dist.all_gather_object(digests, trained.write(where))
+    digests = [d for d in digests if d is not None]
+    found = {"written": trained.gather("t"), "step": trained.shards["t"].step}
+    for servers in (1, 2):
+        tables = Tables(servers, rank, world, "adam")
+        tables.hold("t", torch.zeros(ROWS, DIM))
+        tables.read(where, digests)
+        found[servers] = (tables.gather("t"), tables.shards["t"].step)
+    try:
+        tables.read(where, digests[::-1])  # each file against the other's digest
+    except TrainingError as err:
+        found["damaged"] = str(err)
+    return found
 
 
 def reference(optimizer: str, bag: bool,
@@ -126,6 +149,18 @@ def test_only_rows_owned_elsewhere_are_sent(ranks):
         if config[0] == 1:
             assert sent[0] > 0 and sent[1] > 0
         assert all(0 < count < 10 * ROWS * DIM * 4 * len(IDS) for count in sent)
+
+
+def test_shards_written_by_two_servers_read_back_on_one_or_two(ranks):
+    found = ranks[0]["resharded"]
+    assert CONFIGS[-1][:2] == (2, "adam") and found["step"] == len(IDS)
+    for servers in (1, 2):
+        whole, step = found[servers]
+        assert step == found["step"] and set(whole) == set(found["written"])
+        for key, value in found["written"].items():
+            assert torch.equal(whole[key], value), (servers, key)
+    for rank in (0, 1):
+        assert "is damaged (SHA-256)" in ranks[rank]["resharded"]["damaged"]
 
 
 def test_an_id_beyond_the_table_is_a_typed_error(ranks):

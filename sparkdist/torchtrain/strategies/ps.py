@@ -18,8 +18,9 @@ Servers and trainers share the barrier ranks (as in TorchRec's row-wise sharding
 gives every barrier task a partition of the data, so every rank trains, and ``k`` of them also
 serve. The model is built once on every rank (its tables must fit a rank while it is built);
 then each server keeps its rows and their optimizer state (1/k of them) and the rest frees
-the whole tables. Checkpoints and the fitted model hold the whole tables, gathered to rank 0,
-so a fit resumes on any number of workers that has room for the servers, and the fitted
+the whole tables. In a checkpoint each server writes its own rows and their optimizer state
+through the store (:meth:`Tables.write`), and a resume reads them back on any number of
+servers; the fitted model holds the whole tables, gathered to rank 0, so the fitted
 TorchModel scores like any other.
 """
 
@@ -29,7 +30,8 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from sparkdist.exceptions import ParamError
+from sparkdist import store
+from sparkdist.exceptions import ParamError, TrainingError
 from sparkdist.torchtrain import strategies
 from sparkdist.torchtrain.strategies import ddp
 from sparkdist.torchtrain.tables import EMBEDDINGS, STATE_COPIES, RemoteEmbedding, Tables
@@ -188,8 +190,9 @@ class Strategy(ddp.Strategy):
         return self._model_state(whole)
 
     def _gathered(self) -> dict[str, dict[str, torch.Tensor]] | None:
+        """The whole tables' rows (not their optimizer state: the model holds no more)."""
         self.tables.settle()
-        gathered = {name: self.tables.gather(name) for name in self.tables.shards}
+        gathered = {name: self.tables.gather(name, state=False) for name in self.tables.shards}
         if self.context.rank != 0:
             return None
         return {name: tables for name, tables in gathered.items() if tables is not None}
@@ -201,25 +204,34 @@ class Strategy(ddp.Strategy):
         return {key: state[key] for key in self.keys if key in state}
 
     def save_training_state(self, optimizer: Any, where: str) -> dict[str, Any] | None:
-        """Rank 0's whole model and dense optimizer state, the servers' optimizer state for
-        every row, and the step count. Collective."""
+        """Every server writes its rows and their optimizer state under ``where``; rank 0
+        returns the dense layers' state, the files' SHA-256 digests and the step count.
+        Collective."""
+        import torch.distributed as dist
+
         self._same_model(optimizer)
-        whole = self._gathered()
-        if whole is None:
+        self.tables.settle()
+        if self.context.rank == 0:
+            store.remove(where)  # what a killed save left under this name
+        dist.barrier()
+        digests: list[str | None] = [None] * self.context.world_size
+        dist.all_gather_object(digests, self.tables.write(where))
+        if self.context.rank != 0:
             return None
-        return {"model": self._model_state(whole), "optimizer": optimizer.state_dict(),
-                "ps": {name: {**{key: value for key, value in parts.items()
-                                 if key != "weight"},
-                              "step": self.tables.shards[name].step}
-                       for name, parts in whole.items()},
+        return {"model": self._model_state({}), "optimizer": optimizer.state_dict(),
+                "ps_shards": {"where": where, "files": [d for d in digests if d is not None]},
                 "ddp": {"calls": self.calls}}
 
     def load_training_state(self, saved: dict[str, Any], optimizer: Any) -> None:
-        model = dict(saved["model"])
-        for name, state in saved["ps"].items():
-            table = {"weight": model.pop(f"{name}.weight"), **state}
-            self.tables.restore(name, table, int(state["step"]))
-        self.module.load_state_dict(model)
+        """Each server takes its rows from the files that hold them (any number of servers
+        wrote them), then the dense layers' state."""
+        if "ps_shards" not in saved:
+            raise TrainingError("this checkpoint holds no parameter-server shards: it was "
+                                "written by another strategy or an older sparkdist; resume "
+                                "from another runId, or resume='never'.")
+        shards = saved["ps_shards"]
+        self.tables.read(str(shards["where"]), [str(d) for d in shards["files"]])
+        self.module.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
         self.calls = int(saved.get("ddp", {}).get("calls", 0))
 
