@@ -1,7 +1,8 @@
 """A per-worker memory budget enforced for real, to show what sharding buys: a model whose
 parameters, gradients and Adam state do not fit one worker's budget under ``strategy="ddp"``
-trains under ``strategy="fsdp"``. A helper of bench/parallel.py and
-tests/cluster/test_fsdp_budget.py (not part of the package): both put bench/ on ``sys.path``
+trains under ``strategy="fsdp"``, and an embedding table whose training state does not fit
+trains under ``strategy="ps"``. A helper of bench/parallel.py and
+tests/cluster/test_memory_budget.py (not part of the package): both put bench/ on ``sys.path``
 and ``import budget``.
 
 Spark caps each Python worker's address space (``RLIMIT_AS``) at
@@ -72,34 +73,76 @@ def model_state_mb(hidden: list[int], input_dim: int = 8, output_dim: int = 1) -
     return {"parameters": params, "training_state": 4 * params}
 
 
+def table_state_mb(table_mb: float, servers: int) -> dict[str, float]:
+    """MiB that a ddp rank and a ps server hold of an embedding table of ``table_mb`` under
+    Adam: ddp the table, its gradient, DDP's gradient bucket and Adam's two moments; a ps
+    server ``1/servers`` of the rows and of their two moments."""
+    return {"ddp": 5 * table_mb, "ps": 3 * table_mb / servers}
+
+
 def compare_under_budget(spark: Any, hidden: list[int], rows: int = 512, epochs: int = 1,
                          workers: int = 2, batch_size: int = 64,
                          strategies: tuple[str, ...] = ("ddp", "fsdp"),
                          **settings: Any) -> dict[str, dict[str, Any]]:
     """Fit the same MLP (``hidden`` layer widths, on ``rows`` rows of
     :func:`sparkdist.datasets.make_nonlinear`) with each strategy in ``spark`` (e.g. a
-    :func:`budget_session`), without retries; per strategy: ``ok``, and the ``history`` and
-    ``ranks`` (peak RSS) of a fit that trained or the ``error`` of one that did not."""
+    :func:`budget_session`), without retries (see :func:`fit_each`)."""
     from sparkdist.datasets import make_nonlinear
-    from sparkdist.exceptions import TrainingError
     from sparkdist.models import TorchEstimator
 
-    data = spark.createDataFrame(make_nonlinear(rows, 0)).repartition(workers).cache()
+    return fit_each(spark.createDataFrame(make_nonlinear(rows, 0)), workers, {
+        strategy: TorchEstimator(strategy=strategy, numWorkers=workers, epochs=epochs,
+                                 batchSize=batch_size, modelKwargs={"hidden": list(hidden)},
+                                 maxRetries=0, progress=False, **settings)
+        for strategy in strategies})
+
+
+def compare_tables_under_budget(spark: Any, table_mb: int, rows: int = 256, workers: int = 2,
+                                batch_size: int = 64,
+                                strategies: tuple[str, ...] = ("ddp", "ps"),
+                                ) -> dict[str, dict[str, Any]]:
+    """Fit a ``nets.ClickModel`` whose one embedding table holds ``table_mb`` MiB (rows of
+    16 float32, two id features) with Adam (``psOptimizer="adam"`` for the servers) under each
+    strategy, on ``rows`` random rows, without retries (see :func:`fit_each`)."""
+    import numpy as np
+    import pandas as pd
+
+    from sparkdist.models import TorchEstimator
+    from sparkdist.torchtrain import nets
+
+    per_feature = table_mb * 2**20 // (16 * 4) // 2
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame({"dense": list(rng.normal(size=(rows, 4))),
+                          "ids": list(rng.integers(0, per_feature, (rows, 2))),
+                          "label": rng.integers(0, 2, rows).astype(float)})
+    return fit_each(spark.createDataFrame(frame), workers, {
+        strategy: TorchEstimator(
+            model=nets.ClickModel, inputCols={"dense": "dense", "ids": "ids"},
+            inputShapes={"ids": [2]}, loss="bce", optimizer="adam", psOptimizer="adam",
+            modelKwargs={"dense": 4, "tables": [per_feature] * 2, "dim": 16, "hidden": [8]},
+            strategy=strategy, numWorkers=workers, epochs=1, batchSize=batch_size,
+            maxRetries=0, progress=False)
+        for strategy in strategies})
+
+
+def fit_each(data: Any, workers: int, estimators: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per name: ``ok``, and the ``history`` and ``ranks`` (peak RSS, state held) of a fit
+    of ``data`` (split over ``workers`` partitions) that trained, or the ``error`` of one
+    that did not."""
+    from sparkdist.exceptions import TrainingError
+
+    data = data.repartition(workers).cache()
     data.count()
     outcome: dict[str, dict[str, Any]] = {}
     try:
-        for strategy in strategies:
-            estimator = TorchEstimator(
-                strategy=strategy, numWorkers=workers, epochs=epochs, batchSize=batch_size,
-                modelKwargs={"hidden": list(hidden)}, maxRetries=0, progress=False,
-                **settings)
+        for name, estimator in estimators.items():
             try:
                 model = estimator.fit(data)
             except TrainingError as err:
-                outcome[strategy] = {"ok": False, "error": str(err)}
+                outcome[name] = {"ok": False, "error": str(err)}
                 continue
-            outcome[strategy] = {"ok": True, "history": model.history,
-                                 "ranks": model.trainingSummary["ranks"]}
+            outcome[name] = {"ok": True, "history": model.history,
+                             "ranks": model.trainingSummary["ranks"]}
     finally:
         data.unpersist()
     return outcome

@@ -108,7 +108,7 @@ def _side(run: dict[str, Any], shape: dict[str, Any]) -> dict[str, Any]:
 
 def budget(quick: bool) -> dict[str, Any]:
     """ddp and fsdp under a per-worker address-space cap (its own driver: the cap needs a
-    local-cluster session of its own, as tests/cluster/test_fsdp_budget.py runs it)."""
+    local-cluster session of its own, as tests/cluster/test_memory_budget.py runs it)."""
     if quick:
         return {"skipped": "--quick"}
     from budget import model_state_mb
