@@ -490,6 +490,10 @@ def _tuning_rows(f: dict[str, Any], row: Any) -> None:
             p["definition"])
 
 
+#: A time-to-a-level row whose sparkdist side never reached the level: its value and ratio.
+NOT_REACHED = "not reached"
+
+
 def _ps_async_rows(measured: list[dict[str, Any]], row: Any) -> None:
     """bench/ps.py's async_vs_sync: time to the same AUC, rank 1 slowed 2x."""
     for a in measured:
@@ -501,7 +505,9 @@ def _ps_async_rows(measured: list[dict[str, Any]], row: Any) -> None:
             f"rank 1 slowed {a['slowed']['factor']:g}x, learningRate {a['learning_rate']}: "
             f"seconds to test AUC {a['target_auc']} (sync's best {best['sync']} - 0.002; "
             f"async's best {best['async']}; sync at {a['sync_epochs']} epoch(s), {epochs})",
-            a["async_s"], a["sync_s"], a["time_ratio"], a["target"], "s", a["definition"])
+            NOT_REACHED if a["async_s"] is None else a["async_s"], a["sync_s"],
+            NOT_REACHED if a["async_s"] is None else a["time_ratio"], a["target"], "s",
+            a["definition"])
 
 
 def _ps_rows(f: dict[str, Any], row: Any) -> None:
@@ -638,8 +644,11 @@ def judged(rows: list[dict[str, Any]], results: dict[str, tuple[dict[str, Any], 
 
 
 def met(row: dict[str, Any]) -> bool | None:
-    """Whether the ratio meets the row's target; None without a target."""
+    """Whether the ratio meets the row's target (not where sparkdist's side never reached
+    the level the row times: ratio NOT_REACHED); None without a target."""
     match = re.fullmatch(r"(<=|>=) *([-+\d.eE]+)", str(row["target"]).strip())
+    if match and row["ratio"] == NOT_REACHED:
+        return False
     if not match or not isinstance(row["ratio"], (int, float)):
         return None
     bound = float(match.group(2))
@@ -654,13 +663,17 @@ def verdict(row: dict[str, Any]) -> str:
     return ", ".join(marks)
 
 
+def _shown(value: Any, unit: str) -> str:
+    return f"{value:,} {unit}" if isinstance(value, (int, float)) else str(value)
+
+
 def markdown(rows: list[dict[str, Any]]) -> str:
     """The comparison table: every figure, its verdict, commit, date and load."""
     lines = ["| comparison | sparkdist | reference | ratio | target | verdict | commit | date "
              "| load (1 min) |", "|---|---:|---:|---:|---|---|---|---|---|"]
-    lines += [f"| {r['comparison']} | {r['sparkdist']:,} {r['unit']} | {r['reference']:,} "
-              f"{r['unit']} | {r['ratio']} | {r['target']} | {verdict(r)} | {r['commit']} | "
-              f"{r['date']} | {r['load']} |" for r in rows]
+    lines += [f"| {r['comparison']} | {_shown(r['sparkdist'], r['unit'])} | "
+              f"{_shown(r['reference'], r['unit'])} | {r['ratio']} | {r['target']} | "
+              f"{verdict(r)} | {r['commit']} | {r['date']} | {r['load']} |" for r in rows]
     return "\n".join(lines) + "\n"
 
 

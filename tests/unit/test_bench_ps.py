@@ -49,6 +49,10 @@ def test_ps_figures_become_rows_with_their_targets():
     rows = report.table({"ps": figures})
     assert "async: not within 4 epochs" in rows[4]["comparison"] and not report.met(rows[4])
     assert "sync's best 0.722 - 0.002; async's best 0.71" in rows[4]["comparison"]
+    assert rows[4]["ratio"] == rows[4]["sparkdist"] == "not reached"
+    assert "| not reached | 10.0 s | not reached | <= 1 | **missed** |" in report.markdown(
+        [{**rows[4], "met": report.met(rows[4]), "stale": None, "noisy": None, "commit": "c",
+          "date": "d", "load": "l"}])
     del rows[4]
     assert [row["target"] for row in rows] == [">= 10", ">= 2", ">= 2", "<= 0.002", "-", "-",
                                                "-"]
