@@ -16,7 +16,7 @@ import pytest
 import torch
 from pyspark import cloudpickle
 
-from sparkdist.exceptions import ParamError
+from sparkdist.exceptions import ParamError, TrainingError
 from sparkdist.failpoints import arm
 from sparkdist.models import TorchEstimator, TorchModel
 from sparkdist.torchtrain import nets, straggle
@@ -215,6 +215,31 @@ def test_a_model_without_tables_is_refused(clicks):
     with pytest.raises(ParamError, match=r"the model has no nn.Embedding"):
         TorchEstimator(model=Dense, inputCols={"dense": "dense"}, loss="bce", strategy="ps",
                        **COMMON).fit(clicks)
+
+
+class Tabled(torch.nn.Module):
+    """A table whose size the network does not declare (no ``embedding_sizes``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = torch.nn.Embedding(50, 4)
+        self.head = torch.nn.Linear(4, 1)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.table(ids).mean(1))
+
+
+def test_an_id_beyond_a_table_on_one_rank_fails_the_fit_naming_the_table(spark):
+    """Only one rank's rows hold the id: it raises, and the fit fails with its error (the
+    other rank, waiting in the exchange, is stopped with the stage) rather than hanging."""
+    ids = [[i % 50, (i * 7) % 50] for i in range(200)] + [[3, 60]]
+    frame = pd.DataFrame({"ids": ids, "label": [float(i % 2) for i in range(201)],
+                          "part": [0] * 100 + [1] * 101})
+    df = spark.createDataFrame(frame).repartition(2, "part").drop("part")
+    with pytest.raises(TrainingError, match=r"id 60 is beyond table 'table' \(ids 0 to 49\)"):
+        TorchEstimator(model=Tabled, inputCols={"ids": "ids"}, inputShapes={"ids": [2]},
+                       loss="bce", strategy="ps", epochs=1, batchSize=20, maxRetries=0,
+                       **COMMON).fit(df)
 
 
 def test_hashed_logistic_regression_under_ps_matches_mllibs_log_loss(spark):
