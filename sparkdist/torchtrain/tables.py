@@ -122,10 +122,7 @@ class Tables:
         learning rate ``rate``. Collective."""
         pushed: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         for pull in self.pulled:
-            grad = pull.rows.grad if pull.rows.grad is not None \
-                else torch.zeros_like(pull.rows)
-            if pull.padding is not None:  # the padding row never trains
-                grad[pull.padding] = 0
+            grad = pulled_gradient(pull.rows, pull.padding)
             got = self._exchange(grad[pull.order], pull.sent, pull.received)
             pushed.setdefault(pull.table, []).append((pull.local, got))
         self.pulled.clear()
@@ -245,16 +242,27 @@ class Tables:
             shard.state, shard.step = fresh[name], steps[name]
 
 
+def pulled_gradient(rows: torch.Tensor, padding: int | None) -> torch.Tensor:
+    """The gradient the backward pass left on pulled ``rows`` (zeros where it left none),
+    without the padding row's: that row never trains."""
+    grad = rows.grad if rows.grad is not None else torch.zeros_like(rows)
+    if padding is not None:
+        grad[padding] = 0
+    return grad
+
+
 def shard_file(server: int) -> str:
     return f"ps-server-{server}.pt"
 
 
 def _check_shape(url: str, saved: dict[str, Any], name: str, shard: Shard, rows: int) -> None:
     """TrainingError unless ``saved`` holds ``rows`` rows of table ``name`` and its state."""
-    part = saved.get(name, {})
+    part = saved.get(name) if isinstance(saved, dict) else None
     expected = {"rows", "step", "weight", *shard.state}
     shape = (rows, shard.weight.shape[1])
-    if set(part) != expected or int(part["rows"]) != shard.rows or any(
+    if not isinstance(part, dict) or set(part) != expected or not all(
+            isinstance(value, torch.Tensor) for value in part.values()) or int(
+            part["rows"]) != shard.rows or any(
             part[key].shape != shape for key in expected - {"rows", "step"}):
         raise TrainingError(f"{url} does not hold {rows} rows of table {name!r} with "
                             f"{sorted(shard.state)}: it was written for another model or "

@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from sparkdist.exceptions import TrainingError
-from sparkdist.torchtrain.tables import Tables, _position
+from sparkdist.torchtrain.tables import Tables, _position, pulled_gradient
 
 PULL, PUSH, STOP = 0, 1, 2
 HEADER, IDS, GRADS, ROWS = 1, 2, 3, 4  # message tags
@@ -108,10 +108,7 @@ class AsyncTables(Tables):
             raise TrainingError(f"a parameter server failed: {self.failure!r}")
         grouped: dict[tuple[int, int], list[tuple[torch.Tensor, torch.Tensor]]] = {}
         for pull in self.requested:
-            grad = pull.rows.grad if pull.rows.grad is not None \
-                else torch.zeros_like(pull.rows)
-            if pull.padding is not None:  # the padding row never trains
-                grad[pull.padding] = 0
+            grad = pulled_gradient(pull.rows, pull.padding)
             table = list(self.shards).index(pull.table)
             for server, where, local in pull.parts:
                 grouped.setdefault((table, server), []).append((local, grad[where]))

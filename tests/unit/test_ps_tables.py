@@ -93,6 +93,12 @@ def _reshard(trained: Tables, rank: int, world: int, directory: str) -> dict:
         tables.read(where, digests[::-1])  # each file against the other's digest
     except TrainingError as err:
         found["damaged"] = str(err)
+    other = Tables(2, rank, world, "adagrad")  # another psOptimizer: other state
+    other.hold("t", torch.zeros(ROWS, DIM))
+    try:
+        other.read(where, digests)
+    except TrainingError as err:
+        found["another optimizer"] = str(err)
     return found
 
 
@@ -161,6 +167,8 @@ def test_shards_written_by_two_servers_read_back_on_one_or_two(ranks):
             assert torch.equal(whole[key], value), (servers, key)
     for rank in (0, 1):
         assert "is damaged (SHA-256)" in ranks[rank]["resharded"]["damaged"]
+        assert "rows of table 't' with ['sum']: it was written for another model" in \
+            ranks[rank]["resharded"]["another optimizer"]
 
 
 def test_an_id_beyond_the_table_is_a_typed_error(ranks):
