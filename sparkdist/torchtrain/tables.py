@@ -77,6 +77,11 @@ class Tables:
         names = ("sum",) if self.optimizer == "adagrad" else ("exp_avg", "exp_avg_sq")
         return {key: torch.zeros_like(weight) for key in names}
 
+    def drop_state(self) -> None:
+        """Free the optimizer state of every row: training is over (no push may follow)."""
+        for shard in self.shards.values():
+            shard.state = {}
+
     def held_bytes(self) -> int:
         """Bytes of rows and optimizer state this rank holds."""
         return sum(t.numel() * t.element_size() for shard in self.shards.values()

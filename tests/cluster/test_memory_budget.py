@@ -73,9 +73,10 @@ def test_a_model_over_the_budget_fails_under_ddp_and_trains_under_fsdp(outcome):
 def test_an_embedding_table_over_the_budget_fails_under_ddp_and_trains_under_ps(outcome):
     """A table of 448 MiB under Adam: ddp needs it, its gradient, DDP's bucket and two
     moments on every rank (2240 MiB over the baseline) and runs out; ps holds half the rows
-    and their moments on each of 2 servers (672 MiB). Measured here: ps trains at 4000 MiB
-    and not at 3800 (every rank builds the whole table once before keeping its rows, and
-    rank 0 gathers it for the fitted model); ddp fails still at 5000."""
+    and their moments on each of 2 servers (672 MiB). Measured here: ps trains at 3600 MiB
+    and not at 3400 (every rank builds the whole table once before keeping its rows, and
+    rank 0 gathers it for the fitted model, after the servers dropped their moments); ddp
+    fails still at 5000."""
     sys.path.insert(0, BENCH)
     from budget import table_state_mb
 

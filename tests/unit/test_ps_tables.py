@@ -99,6 +99,9 @@ def _reshard(trained: Tables, rank: int, world: int, directory: str) -> dict:
         other.read(where, digests)
     except TrainingError as err:
         found["another optimizer"] = str(err)
+    held = trained.held_bytes()
+    trained.drop_state()  # training over: the rows stay, their moments go
+    found["dropped"] = (held, trained.held_bytes(), trained.gather("t", state=False))
     return found
 
 
@@ -173,3 +176,14 @@ def test_shards_written_by_two_servers_read_back_on_one_or_two(ranks):
 
 def test_an_id_beyond_the_table_is_a_typed_error(ranks):
     assert f"id {ROWS} is beyond table 't' (ids 0 to {ROWS - 1})" in ranks[0]["error"]
+
+
+def test_dropped_optimizer_state_leaves_the_rows_to_gather(ranks):
+    """Adam's two moments are two thirds of what a server holds; without them the whole rows
+    still gather to rank 0."""
+    for rank in (0, 1):
+        before, after, _ = ranks[rank]["resharded"]["dropped"]
+        assert after * 3 == before > 0
+    gathered = ranks[0]["resharded"]["dropped"][2]
+    assert set(gathered) == {"weight"}
+    assert torch.equal(gathered["weight"], ranks[0]["resharded"]["written"]["weight"])

@@ -237,6 +237,10 @@ class Strategy(ddp.Strategy):
 
     def state_bytes(self, optimizer: Any) -> int:
         """As the base's, with this rank's rows and their optimizer state. Collective: the
-        loop asks every rank once training is over, so the servers settle here."""
+        loop asks every rank once training is over, so the servers settle here, and then
+        drop their rows' optimizer state (as the loop drops the dense layers' next: the last
+        checkpoint has it), before rank 0 gathers the whole tables beside its own rows."""
         self.tables.settle()
-        return super().state_bytes(optimizer) + self.tables.held_bytes()
+        held = super().state_bytes(optimizer) + self.tables.held_bytes()
+        self.tables.drop_state()
+        return held
