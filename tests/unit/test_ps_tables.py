@@ -187,3 +187,19 @@ def test_dropped_optimizer_state_leaves_the_rows_to_gather(ranks):
     gathered = ranks[0]["resharded"]["dropped"][2]
     assert set(gathered) == {"weight"}
     assert torch.equal(gathered["weight"], ranks[0]["resharded"]["written"]["weight"])
+
+
+def test_the_strategy_drops_the_servers_optimizer_state_once_training_is_over():
+    """ps.Strategy.state_bytes, the loop's end-of-training collective, counts the rows and
+    their moments, then leaves the servers the rows alone (one rank: no exchange)."""
+    from types import SimpleNamespace
+
+    from sparkdist.torchtrain.strategies import ps
+
+    strategy = ps.Strategy(SimpleNamespace(), None, torch.device("cpu"), None, None)
+    strategy.module, strategy.tables = nn.Linear(2, 1), Tables(1, 0, 1, "adam")
+    strategy.tables.hold("t", torch.zeros(ROWS, DIM))
+    table = ROWS * DIM * 4
+    dense = 3 * 4  # the Linear's weight and bias
+    assert strategy.state_bytes(SimpleNamespace(state={})) == dense + 3 * table
+    assert strategy.tables.held_bytes() == table
