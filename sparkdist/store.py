@@ -37,7 +37,7 @@ import re
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -340,15 +340,26 @@ def _current_tag(url: str) -> str | None:
 def write_bytes(url: str, data: bytes) -> None:
     """Write ``url`` whole or not at all: temp + rename on stores that rename files atomically
     (local, HDFS), one PUT on object stores (a PUT is never seen half-written)."""
+    _write_whole(url, lambda fs, path: fs.pipe_file(path, data))
+
+
+def write_file(url: str, local: str) -> None:
+    """Write the local file ``local`` to ``url`` whole or not at all, as :func:`write_bytes`
+    does, without reading it into memory (a server's shard may be most of its budget); an
+    object store's multipart upload shows the object only once it is complete."""
+    _write_whole(url, lambda fs, path: fs.put_file(local, path))
+
+
+def _write_whole(url: str, put: Callable[[Any, str], None]) -> None:
     where = locate(url)
     parent = os.path.dirname(where.path)
     if not _renames_atomically(where.fs):
-        where.fs.pipe_file(where.path, data)
+        put(where.fs, where.path)
         return
     where.fs.makedirs(parent, exist_ok=True)
     temp = f"{parent}/.{os.path.basename(where.path)}.tmp-{uuid.uuid4().hex[:8]}"
     try:
-        where.fs.pipe_file(temp, data)
+        put(where.fs, temp)
         where.fs.mv(temp, where.path)
     finally:
         with contextlib.suppress(FileNotFoundError):

@@ -155,6 +155,10 @@ class _TorchEstimatorOwn(Params):
         """Gets the value of :py:attr:`progress` or its default value."""
         return self.getOrDefault("progress")
 
+    def getPsInitStd(self) -> float:
+        """Gets the value of :py:attr:`psInitStd` or its default value."""
+        return self.getOrDefault("psInitStd")
+
     def getPsLearningRate(self) -> float:
         """Gets the value of :py:attr:`psLearningRate` or its default value."""
         return self.getOrDefault("psLearningRate")
@@ -390,6 +394,12 @@ class _TorchEstimatorOwn(Params):
     def setProgress(self: _S, value: bool) -> _S:
         """Sets the value of :py:attr:`progress`: show a progress bar on the driver."""
         return self._set(progress=value)
+
+    def setPsInitStd(self: _S, value: float) -> _S:
+        """Sets the value of :py:attr:`psInitStd`: ps: the standard deviation of the normal draw
+        that starts the rows of a table built on the meta device (no rank holds it whole: each
+        server draws its own rows); 1.0: nn.Embedding's own."""
+        return self._set(psInitStd=value)
 
     def setPsLearningRate(self: _S, value: float) -> _S:
         """Sets the value of :py:attr:`psLearningRate`: ps: the tables' learning rate (it follows

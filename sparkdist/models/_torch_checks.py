@@ -8,6 +8,7 @@ knows no estimator class (sparkdist.models.torch imports it, never the other way
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import inspect
 import math
@@ -265,9 +266,7 @@ def check_model(spec: TrainSpec) -> TrainSpec:
                          f"{err}") from err
     finetune.prepare(module, spec.finetune)  # ParamError naming initialWeights or freeze
     try:
-        module.eval()
-        with torch.no_grad():
-            output = network.forward(module, inputs)
+        output = _check_forward(module, inputs)
     except Exception as err:
         raise ParamError(f"model={model.module_name!r} with modelKwargs="
                          f"{model.module_kwargs} fails on input of shape "
@@ -285,6 +284,24 @@ def check_model(spec: TrainSpec) -> TrainSpec:
     _check_loss(model, output)
     strategies.check(spec, module)
     return _with_table_sizes(spec, module)
+
+
+def _check_forward(module: Any, inputs: Any) -> Any:
+    """The network's output for ``inputs``, in eval mode without gradients. A network with
+    tables on the meta device (``strategy="ps"``: no rank holds them whole) runs on the meta
+    device (shapes only, no memory), and its output is zeros of that shape."""
+    import torch
+
+    module.eval()
+    if any(parameter.is_meta for parameter in module.parameters()):
+        module = copy.deepcopy(module).to("meta")
+        inputs = ({name: value.to("meta") for name, value in inputs.items()}
+                  if isinstance(inputs, dict) else inputs.to("meta"))
+    with torch.no_grad():
+        output = network.forward(module, inputs)
+    if isinstance(output, torch.Tensor) and output.is_meta:
+        output = torch.zeros(output.shape, dtype=output.dtype)
+    return output
 
 
 def _check_loss(model: Any, output: Any) -> None:

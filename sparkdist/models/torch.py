@@ -340,6 +340,8 @@ class TorchEstimator(_TorchEstimatorInit, Estimator, _TorchParams, HasOptimizati
         if values.get("strategy") != "ps":  # as before parameter servers existed
             for name in ("psTables", "parameterServers", "psOptimizer", "psLearningRate"):
                 values.pop(name, None)
+        if values.get("strategy") != "ps" or values["psInitStd"] == 1.0:  # before meta tables
+            values.pop("psInitStd")
         return values
 
     def _read_data(self, dataset: DataFrame, prepared: DataFrame, rules: Any,
@@ -444,7 +446,7 @@ class TorchModel(Model, _TorchParams, PersistentModel, _TorchModelAccessors):
         (``mergeAdapters``: merged into its layers)."""
         module = self._network()
         if not self._info.get("adapter"):
-            module.load_state_dict(self._weights)
+            network.load_weights(module, self._weights)
             return module
         return tuned.adapted(module, self._info, self._base_weights(), self._weights,
                              self.getOrDefault("mergeAdapters"))

@@ -27,7 +27,7 @@ import pyarrow as pa
 from sparkdist.exceptions import ModelLoadError, ParamError
 from sparkdist.launch import gpus
 from sparkdist.torchtrain import finetune, modelcache
-from sparkdist.torchtrain.network import build_module, qualified_name
+from sparkdist.torchtrain.network import build_module, load_weights, qualified_name
 
 if TYPE_CHECKING:
     from sparkdist.torchtrain.spec import InputField, ScoreSpec
@@ -142,7 +142,7 @@ def _built(spec: ScoreSpec, weights: Any, device: Any) -> Any:
                               spec.output_dim)
         if spec.adapters is not None:  # the adapters scored alongside their layers
             finetune.add_adapters(module, spec.adapters)
-        module.load_state_dict(torch.load(io.BytesIO(data), weights_only=True))
+        load_weights(module, torch.load(io.BytesIO(data), weights_only=True))
     except Exception as err:
         raise ModelLoadError(f"TorchModel scoring: this executor cannot build the network "
                              f"{qualified_name(spec.module)} with its weights "

@@ -61,6 +61,8 @@ def pack_result(state_dict: dict[str, Any], header: dict[str, Any]) -> memoryvie
 def unpack_result(payload: bytes | memoryview) -> tuple[dict[str, Any], dict[str, Any]]:
     import torch
 
+    from sparkdist.torchtrain.shardfiles import with_stored_rows
+
     payload = bytes(payload) if isinstance(payload, memoryview) else payload
     size = int.from_bytes(payload[:8], "big")
     weights = memoryview(payload)[8 + size:-8]
@@ -70,7 +72,7 @@ def unpack_result(payload: bytes | memoryview) -> tuple[dict[str, Any], dict[str
                             "spark.driver.memory (and spark.driver.maxResultSize).")
     header = json.loads(payload[8:8 + size])
     state = torch.load(io.BytesIO(weights), weights_only=True)
-    return state, header
+    return with_stored_rows(state), header  # ps: rows no rank held whole
 
 
 # ----------------------------------------------------------------------------- executor side

@@ -130,7 +130,9 @@ class ClickModel(nn.Module):
     dot products of all those vectors (:class:`ClickInteractions`), and a top MLP to one logit.
     The declared table size (``embedding_sizes``) is the smallest table's: an id is refused
     where it would overrun a table of that size. Its forward is its two children in order, the
-    first taking the typed inputs: ``strategy="pipeline"`` can split it.
+    first taking the typed inputs: ``strategy="pipeline"`` can split it. With
+    ``table_device="meta"`` the table has no memory of its own: ``strategy="ps"``'s servers
+    draw its rows (``psInitStd=0.05`` for the same start).
 
     >>> net = ClickModel(dense=3, tables=[10, 20], dim=4)
     >>> net(torch.zeros(2, 3), torch.tensor([[1, 19], [9, 0]])).shape
@@ -138,10 +140,11 @@ class ClickModel(nn.Module):
     """
 
     def __init__(self, dense: int = 13, tables: Sequence[int] = (100_000,) * 26,
-                 dim: int = 16, hidden: Sequence[int] = (64, 32)) -> None:
+                 dim: int = 16, hidden: Sequence[int] = (64, 32),
+                 table_device: str = "cpu") -> None:
         super().__init__()
         self.embedding_sizes = {"ids": min(tables)}
-        self.interactions = ClickInteractions(dense, tables, dim)
+        self.interactions = ClickInteractions(dense, tables, dim, table_device)
         vectors = len(tables) + 1
         self.top = MLP(input_dim=dim + vectors * (vectors - 1) // 2, output_dim=1, hidden=hidden)
 
@@ -155,11 +158,13 @@ class ClickInteractions(nn.Module):
 
     offsets: torch.Tensor  # where each feature's rows start in the one table
 
-    def __init__(self, dense: int, tables: Sequence[int], dim: int) -> None:
+    def __init__(self, dense: int, tables: Sequence[int], dim: int,
+                 table_device: str = "cpu") -> None:
         super().__init__()
         offsets = torch.tensor([0, *tables[:-1]]).cumsum(0)
         self.register_buffer("offsets", offsets, persistent=False)
-        self.table = nn.Embedding(int(sum(tables)), dim)
+        # "meta": a table no rank holds whole (strategy="ps" with psInitStd=0.05 draws it)
+        self.table = nn.Embedding(int(sum(tables)), dim, device=table_device)
         nn.init.normal_(self.table.weight, std=0.05)
         self.bottom = nn.Sequential(nn.Linear(dense, 2 * dim), nn.ReLU(), nn.Linear(2 * dim, dim))
 

@@ -133,6 +133,14 @@ def build_module(module_class: Callable[..., Any], kwargs: dict[str, Any], input
     return module_class(**filled, **kwargs)
 
 
+def load_weights(module: Any, state: dict[str, Any]) -> None:
+    """``state`` into ``module``, strictly. Tables the network builds on the meta device
+    (``strategy="ps"``) take the state's tensors themselves: a meta tensor has no memory to
+    copy into."""
+    meta = any(parameter.is_meta for parameter in module.parameters())
+    module.load_state_dict(state, assign=meta)
+
+
 def forward(model: Any, inputs: Any) -> Any:
     """The network's outputs for a batch: one features tensor, or typed inputs by keyword
     (``inputCols``)."""

@@ -159,6 +159,7 @@ class StrategySpec:
     parameter_servers: int = 0  # 0: every rank
     ps_optimizer: str = "adagrad"
     ps_learning_rate: float = 0.0  # 0: learningRate
+    ps_init_std: float = 1.0  # the rows a server draws for a table built on the meta device
     server_budget: int = 0  # bytes a server rank may hold (0: not known)
 
     def __post_init__(self) -> None:
@@ -169,6 +170,9 @@ class StrategySpec:
         if not self.ps_learning_rate >= 0:
             raise ParamError(f"psLearningRate={self.ps_learning_rate}: use 0 (learningRate) "
                              "or a positive rate.")
+        if not self.ps_init_std > 0:
+            raise ParamError(f"psInitStd={self.ps_init_std}: use a positive standard "
+                             "deviation (1.0: nn.Embedding's own).")
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import io
 import math
-from typing import Any
+import os
+import tempfile
+import zlib
 
 import torch
 import torch.distributed as dist
@@ -26,6 +27,7 @@ from torch.nn import functional as F
 
 from sparkdist import store
 from sparkdist.exceptions import TrainingError
+from sparkdist.torchtrain.shardfiles import check_shape, checked_file, shard_file
 from sparkdist.torchtrain.spec import PS_OPTIMIZERS
 
 #: per-row optimizer state a server holds, in copies of its rows (besides the rows)
@@ -72,6 +74,28 @@ class Tables:
             else weight.detach()[:0]
         mine = mine.clone().contiguous()
         self.shards[name] = Shard(rows=weight.shape[0], weight=mine, state=self._fresh(mine))
+
+    def hold_drawn(self, name: str, rows: int, dim: int, seed: int, std: float = 1.0,
+                   padding_idx: int | None = None, block: int = 1 << 16) -> None:
+        """Draw this rank's rows of a table no rank holds whole (built on the meta device):
+        N(0, ``std``) (1: as ``nn.Embedding`` starts), the padding row zero. Block ``b`` of
+        ``block`` rows comes from a generator seeded by (``seed``, the table's name, ``b``),
+        so every number of servers draws the same table; a server holds one block at a time
+        beside its own rows."""
+        mine = torch.empty(0, dim)
+        if self.rank < self.servers:
+            mine = torch.empty(len(range(self.rank, rows, self.servers)), dim)
+            salt = zlib.crc32(name.encode())
+            for start in range(0, rows, block):
+                generator = torch.Generator().manual_seed(hash_seed(seed, salt, start // block))
+                drawn = torch.randn(min(block, rows - start), dim, generator=generator)
+                first = (self.rank - start) % self.servers  # this rank's first row in it
+                held = drawn[first::self.servers].mul_(std)
+                at = (start + first) // self.servers
+                mine[at:at + held.shape[0]] = held
+            if padding_idx is not None and padding_idx % self.servers == self.rank:
+                mine[padding_idx // self.servers] = 0
+        self.shards[name] = Shard(rows=rows, weight=mine, state=self._fresh(mine))
 
     def _fresh(self, weight: torch.Tensor) -> dict[str, torch.Tensor]:
         names = ("sum",) if self.optimizer == "adagrad" else ("exp_avg", "exp_avg_sq")
@@ -203,20 +227,25 @@ class Tables:
         return None
 
     # ------------------------------------------------------- sharded checkpoints (store)
-    def write(self, where: str) -> str | None:
-        """Write this server's rows and optimizer state of every table to a file of its own
-        under ``where`` (any store :mod:`sparkdist.store` supports); returns its SHA-256
-        (None on a rank that serves no rows)."""
+    def write(self, where: str, state: bool = True) -> str | None:
+        """Write this server's rows (with ``state``: and their optimizer state) of every table
+        to a file of its own under ``where`` (any store :mod:`sparkdist.store` supports);
+        returns its SHA-256 (None on a rank that serves no rows). The tensors go to a local
+        file first and from there to the store: never a second copy in memory."""
         if self.rank >= self.servers:
             return None
         payload = {name: {"rows": torch.tensor(shard.rows), "step": torch.tensor(shard.step),
-                          "weight": shard.weight, **shard.state}
+                          "weight": shard.weight, **(shard.state if state else {})}
                    for name, shard in self.shards.items()}
-        buffer = io.BytesIO()
-        torch.save(payload, buffer)
-        data = buffer.getvalue()
-        store.write_bytes(f"{where}/{shard_file(self.rank)}", data)
-        return hashlib.sha256(data).hexdigest()
+        with tempfile.TemporaryDirectory(prefix="sparkdist-ps-") as local:
+            path = os.path.join(local, "shard.pt")
+            torch.save(payload, path)
+            digest = hashlib.sha256()
+            with open(path, "rb") as file:
+                for chunk in iter(lambda: file.read(1 << 22), b""):
+                    digest.update(chunk)
+            store.write_file(f"{where}/{shard_file(self.rank)}", path)
+        return digest.hexdigest()
 
     def read(self, where: str, digests: list[str]) -> None:
         """Take this rank's rows and optimizer state of every table from the files that
@@ -234,9 +263,10 @@ class Tables:
             if (self.rank - server) % math.gcd(old, self.servers):
                 continue  # none of its rows is one of this rank's
             url = f"{where}/{shard_file(server)}"
-            saved = _checked_file(url, digests[server])
+            saved = checked_file(url, digests[server])
             for name, shard in self.shards.items():
-                _check_shape(url, saved, name, shard, -(-(shard.rows - server) // old))
+                check_shape(url, saved, name, (shard.rows, shard.weight.shape[1]),
+                             -(-(shard.rows - server) // old), shard.state)
                 rows = server + torch.arange(saved[name]["weight"].shape[0]) * old
                 mine = rows % self.servers == self.rank
                 for key, value in fresh[name].items():
@@ -256,36 +286,10 @@ def pulled_gradient(rows: torch.Tensor, padding: int | None) -> torch.Tensor:
     return grad
 
 
-def shard_file(server: int) -> str:
-    return f"ps-server-{server}.pt"
-
-
-def _check_shape(url: str, saved: dict[str, Any], name: str, shard: Shard, rows: int) -> None:
-    """TrainingError unless ``saved`` holds ``rows`` rows of table ``name`` and its state."""
-    part = saved.get(name) if isinstance(saved, dict) else None
-    expected = {"rows", "step", "weight", *shard.state}
-    shape = (rows, shard.weight.shape[1])
-    if not isinstance(part, dict) or set(part) != expected or not all(
-            isinstance(value, torch.Tensor) for value in part.values()) or int(
-            part["rows"]) != shard.rows or any(
-            part[key].shape != shape for key in expected - {"rows", "step"}):
-        raise TrainingError(f"{url} does not hold {rows} rows of table {name!r} with "
-                            f"{sorted(shard.state)}: it was written for another model or "
-                            "psOptimizer; resume from another runId, or resume='never'.")
-
-
-def _checked_file(url: str, digest: str) -> dict[str, dict[str, torch.Tensor]]:
-    try:
-        data = store.read_bytes(url)
-    except FileNotFoundError:
-        raise TrainingError(f"{url} is missing: the checkpoint's shards changed after it was "
-                            "committed; resume from another runId, or resume='never'.") from None
-    if hashlib.sha256(data).hexdigest() != digest:
-        raise TrainingError(f"{url} is damaged (SHA-256): resume from another runId, or "
-                            "resume='never'.")
-    loaded: dict[str, dict[str, torch.Tensor]] = torch.load(io.BytesIO(data),
-                                                            weights_only=True)
-    return loaded
+def hash_seed(*parts: int) -> int:
+    """One 63-bit seed from several integers (the same in every process, unlike hash())."""
+    digest = hashlib.sha256(",".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
 
 
 def _position(distinct: torch.Tensor, padding_idx: int | None) -> int | None:

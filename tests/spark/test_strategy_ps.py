@@ -111,6 +111,36 @@ def test_a_killed_server_resumes_from_its_shards_on_s3_to_the_uninterrupted_weig
     assert {path.rsplit("/", 1)[1] for path in shards} == {"ps-server-0.pt"}
 
 
+def test_a_table_on_the_meta_device_is_drawn_by_the_servers_and_put_together_on_the_driver(
+        clicks, tmp_path):
+    """No rank ever holds a meta table whole: each server draws its rows, and writes them
+    for the fitted model, which the driver puts together. The same table on 1 or 2 servers;
+    the rows no batch touched are the drawn start; the model scores and loads."""
+    from sparkdist.torchtrain.tables import Tables
+
+    settings = {**CLICKS, "strategy": "ps", "psInitStd": 0.05,
+                "modelKwargs": {**CLICKS["modelKwargs"], "table_device": "meta"}}
+    two = TorchEstimator(checkpointDir=str(tmp_path / "two"), **settings).fit(clicks)
+    one = TorchEstimator(checkpointDir=str(tmp_path / "one"), parameterServers=1,
+                         **settings).fit(clicks)
+    _close(two, one)
+    table = two.module().state_dict()["interactions.table.weight"]
+    drawn = Tables(1, 0, 1, "adagrad")
+    drawn.hold_drawn("interactions.table", sum(TABLES), 4, seed=3, std=0.05)
+    ids = np.stack(clicks.select("ids").toPandas()["ids"]) + [0, *np.cumsum(TABLES)[:-1]]
+    untouched = np.setdiff1d(np.arange(sum(TABLES)), ids)
+    assert torch.equal(table[untouched], drawn.shards["interactions.table"].weight[untouched])
+    assert not torch.equal(table, drawn.shards["interactions.table"].weight)
+    mib = sum(TABLES) * 4 * 4 / 2**20  # float32 rows of dim 4
+    assert all(rank["state_mb"] < 1.1 * mib for rank in two.trainingSummary["ranks"])
+    two.write().save(str(tmp_path / "saved"))
+    loaded = TorchModel.load(str(tmp_path / "saved"))
+    first, second = (m.transform(clicks).select("probability").collect()
+                     for m in (two, loaded))
+    assert first == second
+    assert two.transform(clicks).where("prediction = label").count() / clicks.count() > 0.6
+
+
 def _log_loss(model, df) -> float:
     rows = model.transform(df).select("probability", "label").toPandas()
     p = np.clip(np.stack(rows["probability"].map(lambda v: v.toArray()))[:, 1], 1e-7, 1 - 1e-7)
@@ -187,6 +217,12 @@ def test_sparse_models_on_hashed_features(spark, net):
     ({"backend": "horovod"}, r"strategy='ps' with backend='horovod'"),
     ({"useGpu": True}, r"strategy='ps' runs on CPU executors"),
     ({"syncEvery": 2}, r"syncEvery=2 with strategy='ps': synchronous servers"),
+    ({"psInitStd": 0.0}, r"psInitStd=0.0: use a positive standard deviation"),
+    ({"modelKwargs": {**CLICKS["modelKwargs"], "table_device": "meta"}},
+     r"the tables \['interactions.table.weight'\] are on the meta device.*set checkpointDir"),
+    ({"modelKwargs": {**CLICKS["modelKwargs"], "table_device": "meta"}, "strategy": "ddp"},
+     r"strategy='ddp': the parameters \['interactions.table.weight'\] are on the meta "
+     r"device.*only strategy='ps' trains such tables"),
 ])
 def test_bad_ps_settings_are_refused_before_launch(clicks, params, error):
     with pytest.raises(ParamError, match=error):

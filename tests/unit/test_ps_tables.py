@@ -203,3 +203,41 @@ def test_the_strategy_drops_the_servers_optimizer_state_once_training_is_over():
     dense = 3 * 4  # the Linear's weight and bias
     assert strategy.state_bytes(SimpleNamespace(state={})) == dense + 3 * table
     assert strategy.tables.held_bytes() == table
+
+
+@pytest.mark.parametrize("servers", [2, 3])
+def test_drawn_rows_are_the_same_table_for_any_number_of_servers(servers):
+    """A table built on the meta device: each server draws only its rows, block by block;
+    put together they are one server's table, N(0, std), the padding row zero."""
+    def whole(k: int) -> torch.Tensor:
+        out = torch.empty(1000, DIM)
+        for rank in range(k):
+            tables = Tables(k, rank, k, "adam")
+            tables.hold_drawn("t", 1000, DIM, seed=5, std=0.5, padding_idx=PAD, block=64)
+            out[rank::k] = tables.shards["t"].weight
+        return out
+
+    one = whole(1)
+    assert torch.equal(whole(servers), one)
+    assert not one[PAD].any() and 0.45 < float(one.std()) < 0.55
+
+
+def test_rows_the_servers_wrote_are_put_together_for_the_fitted_model(tmp_path):
+    """What the driver does with a fitted state that names the servers' files instead of a
+    table (strategy="ps" with a meta table): the whole table, in the state's key order; a
+    file changed after it was written is refused."""
+    from sparkdist.torchtrain.shardfiles import STORED_ROWS, stored_rows, with_stored_rows
+
+    table = _initial()
+    digests = []
+    for rank in range(2):
+        tables = Tables(2, rank, 2, "adagrad")
+        tables.hold("t", table)
+        digests.append(tables.write(str(tmp_path), state=False))
+    keys = ["bias", "t.weight"]
+    state = with_stored_rows({"bias": torch.ones(1), STORED_ROWS: stored_rows(
+        str(tmp_path), digests, {"t": (ROWS, DIM)}, keys)})
+    assert list(state) == keys and torch.equal(state["t.weight"], table)
+    with pytest.raises(TrainingError, match=r"ps-server-0.pt is damaged \(SHA-256\): fit again"):
+        with_stored_rows({STORED_ROWS: stored_rows(str(tmp_path), digests[::-1],
+                                                   {"t": (ROWS, DIM)}, keys)})

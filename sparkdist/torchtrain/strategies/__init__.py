@@ -63,6 +63,8 @@ class Supports:
     typed_inputs: bool = False
     #: LoRA adapters (``adapter``) on a frozen base
     adapters: bool = False
+    #: embedding tables built on the meta device (no rank holds them whole)
+    meta_tables: bool = False
 
 
 @runtime_checkable
@@ -120,7 +122,14 @@ def make_strategy(context: WorkerContext, backend: Any, device: torch.device,
 def check(spec: TrainSpec, module: torch.nn.Module) -> None:
     """The chosen strategy's preflight on the driver: ParamError naming the Param and the fix
     for a configuration that cannot train (before anything is launched)."""
-    strategy_module(spec.strategy.name).check(spec, module)
+    chosen = strategy_module(spec.strategy.name)
+    meta = [name for name, parameter in module.named_parameters() if parameter.is_meta]
+    if meta and not chosen.SUPPORTS.meta_tables:
+        raise ParamError(f"strategy={spec.strategy.name!r}: the parameters {meta} are on the "
+                         "meta device (no memory behind them); only strategy='ps' trains "
+                         "such tables (its servers draw the rows). Use strategy='ps', or "
+                         "build them on the CPU.")
+    chosen.check(spec, module)
 
 
 def usable(spec: TrainSpec) -> Callable[[int], bool]:

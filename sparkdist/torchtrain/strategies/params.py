@@ -15,13 +15,13 @@ from sparkdist.torchtrain.spec import StrategySpec
 TRAJECTORY: dict[str, bool] = dict.fromkeys(
     ("strategy", "fsdpWrap", "mixedPrecision", "pipelineStages", "pipelineSplitPoints",
      "microBatches", "pipelineSchedule", "psTables", "parameterServers", "psOptimizer",
-     "psLearningRate"), True)
+     "psLearningRate", "psInitStd"), True)
 
 
 class HasStrategy(Params):
     """strategy, fsdpWrap, mixedPrecision, pipelineStages, pipelineSplitPoints, microBatches,
-    pipelineSchedule and the parameter servers' psTables, parameterServers, psOptimizer and
-    psLearningRate: how the network is spread over the workers."""
+    pipelineSchedule and the parameter servers' psTables, parameterServers, psOptimizer,
+    psLearningRate and psInitStd: how the network is spread over the workers."""
 
     strategy: Param[str] = Param(
         Params._dummy(), "strategy",
@@ -72,13 +72,18 @@ class HasStrategy(Params):
         Params._dummy(), "psLearningRate",
         "ps: the tables' learning rate (it follows learningRate's schedule); 0: learningRate",
         typeConverter=TypeConverters.toFloat)
+    psInitStd: Param[float] = Param(
+        Params._dummy(), "psInitStd",
+        "ps: the standard deviation of the normal draw that starts the rows of a table built "
+        "on the meta device (no rank holds it whole: each server draws its own rows); 1.0: "
+        "nn.Embedding's own", typeConverter=TypeConverters.toFloat)
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self._setDefault(strategy="ddp", fsdpWrap=[], mixedPrecision=False, pipelineStages=0,
                          pipelineSplitPoints=[], microBatches=4, pipelineSchedule="1f1b",
                          psTables=[], parameterServers=0, psOptimizer="adagrad",
-                         psLearningRate=0.0)
+                         psLearningRate=0.0, psInitStd=1.0)
 
     def _strategy_spec(self, num_workers: int) -> StrategySpec:
         """The strategy on ``num_workers`` workers (pipelineStages 0: one stage each)."""
@@ -94,4 +99,5 @@ class HasStrategy(Params):
                             ps_tables=tuple(get("psTables")),
                             parameter_servers=get("parameterServers"),
                             ps_optimizer=get("psOptimizer"),
-                            ps_learning_rate=get("psLearningRate"))
+                            ps_learning_rate=get("psLearningRate"),
+                            ps_init_std=get("psInitStd"))

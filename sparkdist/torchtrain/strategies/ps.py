@@ -27,12 +27,14 @@ TorchModel scores like any other.
 from __future__ import annotations
 
 import functools
+import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from sparkdist import store
 from sparkdist.exceptions import ParamError, TrainingError
 from sparkdist.torchtrain import strategies
+from sparkdist.torchtrain.shardfiles import STORED_ROWS, stored_rows
 from sparkdist.torchtrain.strategies import ddp
 from sparkdist.torchtrain.tables import EMBEDDINGS, STATE_COPIES, RemoteEmbedding, Tables
 from sparkdist.torchtrain.tables_async import AsyncTables
@@ -46,7 +48,7 @@ if TYPE_CHECKING:
 SUPPORTS = strategies.Supports(
     backends=("torch",), why="the parameter servers exchange rows with torch.distributed's "
     "all_to_all, send and recv, which Horovod does not provide", typed_inputs=True,
-    local_steps=True)
+    local_steps=True, meta_tables=True)
 
 
 def usable(spec: TrainSpec) -> Callable[[int], bool]:
@@ -79,6 +81,7 @@ def check(spec: TrainSpec, module: torch.nn.Module) -> None:
         if tied:
             raise strategies.tied_error("ps", group, "the servers hold the table's rows "
                                         "apart from the other modules")
+    _check_meta(spec, module, names)
     dense = [n for n, p in module.named_parameters()
              if p.requires_grad and n.rpartition(".")[0] not in names]
     if not dense:
@@ -86,6 +89,23 @@ def check(spec: TrainSpec, module: torch.nn.Module) -> None:
                          f"psTables {names}; give it a dense parameter (a bias, a "
                          "Linear layer) for the workers' optimizer.")
     _check_budget(spec, module, names, servers or workers)
+
+
+def _check_meta(spec: TrainSpec, module: torch.nn.Module, names: list[str]) -> None:
+    """Tables built on the meta device (no rank holds them whole) are drawn by the servers
+    and written by them for the fitted model: only tables, and only with checkpointDir."""
+    meta = [n for n, p in module.named_parameters() if p.is_meta]
+    other = [n for n in meta if n.rpartition(".")[0] not in names]
+    if other:
+        raise ParamError(f"strategy='ps': {other} are on the meta device, but only the "
+                         f"tables the servers hold ({names}) may be: their servers draw the "
+                         "rows; build the other parameters on the CPU.")
+    if meta and not spec.checkpoint.directory:
+        raise ParamError(f"strategy='ps': the tables {meta} are on the meta device, so no "
+                         "rank ever holds them whole: the servers write their trained rows "
+                         "through checkpointDir for the driver to put the fitted model "
+                         "together; set checkpointDir (a directory every executor and the "
+                         "driver can reach).")
 
 
 def _check_budget(spec: TrainSpec, module: torch.nn.Module, names: list[str],
@@ -152,10 +172,20 @@ class Strategy(ddp.Strategy):
         if self.device.type != "cpu":
             raise ParamError("strategy='ps' runs on CPU executors: set useGpu=False.")
         self.keys = list(module.state_dict())  # the whole model's, in its order
+        self.drawn: list[str] = []  # the tables built on the meta device
+        self.stored: str | None = None  # where the servers last wrote them for the model
         self.tables = self._tables()
         for name in table_names(module, list(self.spec.strategy.ps_tables)):
             original = module.get_submodule(name)
-            self.tables.hold(name, _weight(module, name))
+            weight = _weight(module, name)
+            if weight.is_meta:  # no rank holds it whole: each server draws its own rows
+                self.drawn.append(name)
+                rows, dim = weight.shape
+                self.tables.hold_drawn(name, rows, dim, seed=self.spec.optim.seed,
+                                       std=self.spec.strategy.ps_init_std,
+                                       padding_idx=getattr(original, "padding_idx", None))
+            else:
+                self.tables.hold(name, weight)
             parent, _, child = name.rpartition(".")
             setattr(module.get_submodule(parent), child,
                     RemoteEmbedding(self.tables, name, original))
@@ -184,6 +214,8 @@ class Strategy(ddp.Strategy):
         """The whole model's state dict on rank 0, its tables gathered from the servers.
         Collective."""
         self._same_model()
+        if self.drawn:
+            return self._stored_state()
         whole = self._gathered()
         if whole is None:
             return None
@@ -196,6 +228,27 @@ class Strategy(ddp.Strategy):
         if self.context.rank != 0:
             return None
         return {name: tables for name, tables in gathered.items() if tables is not None}
+
+    def _stored_state(self) -> dict[str, Any] | None:
+        """The dense layers' state on rank 0 and, in the tables' place, where every server
+        wrote its rows (a directory of its own under checkpointDir, the one of the last
+        call removed: the loop keeps only the newest model state). Collective."""
+        import torch.distributed as dist
+
+        self.tables.settle()
+        where = [f"{self.spec.checkpoint.directory}/ps-model-{uuid.uuid4().hex[:12]}"]
+        dist.broadcast_object_list(where, src=0)
+        digests: list[str | None] = [None] * self.context.world_size
+        dist.all_gather_object(digests, self.tables.write(where[0], state=False))
+        if self.context.rank != 0:
+            return None
+        if self.stored is not None:
+            store.remove(self.stored)
+        self.stored = where[0]
+        shapes = {name: (shard.rows, shard.weight.shape[1])
+                  for name, shard in self.tables.shards.items()}
+        return {**self._model_state({}), STORED_ROWS: stored_rows(
+            where[0], [d for d in digests if d is not None], shapes, self.keys)}
 
     def _model_state(self, whole: dict[str, dict[str, torch.Tensor]]) -> dict[str, Any]:
         state = {name: value.detach().cpu().clone()
