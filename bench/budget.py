@@ -77,9 +77,9 @@ def model_state_mb(hidden: list[int], input_dim: int = 8, output_dim: int = 1) -
 
 def table_state_mb(table_mb: float, servers: int) -> dict[str, float]:
     """MiB that a ddp rank and a ps server hold of an embedding table of ``table_mb`` under
-    Adam: ddp the table, its gradient, DDP's gradient bucket and Adam's two moments; a ps
-    server ``1/servers`` of the rows and of their two moments."""
-    return {"ddp": 5 * table_mb, "ps": 3 * table_mb / servers}
+    Adagrad: ddp the table, its gradient, DDP's gradient bucket and Adagrad's sum; a ps
+    server ``1/servers`` of the rows and of their sums."""
+    return {"ddp": 4 * table_mb, "ps": 2 * table_mb / servers}
 
 
 def compare_under_budget(spark: Any, hidden: list[int], rows: int = 512, epochs: int = 1,
@@ -99,13 +99,16 @@ def compare_under_budget(spark: Any, hidden: list[int], rows: int = 512, epochs:
         for strategy in strategies})
 
 
-def compare_tables_under_budget(spark: Any, table_mb: int, rows: int = 256, workers: int = 2,
-                                batch_size: int = 64,
+def compare_tables_under_budget(spark: Any, table_mb: int, checkpoint_dir: str,
+                                rows: int = 256, workers: int = 4, batch_size: int = 64,
                                 strategies: tuple[str, ...] = ("ddp", "ps"),
                                 ) -> dict[str, dict[str, Any]]:
     """Fit a ``nets.ClickModel`` whose one embedding table holds ``table_mb`` MiB (rows of
-    16 float32, two id features) with Adam (``psOptimizer="adam"`` for the servers) under each
-    strategy, on ``rows`` random rows, without retries (see :func:`fit_each`)."""
+    16 float32, two id features) with Adagrad under each strategy, on ``rows`` random rows,
+    without retries (see :func:`fit_each`): ddp with the table built on the CPU, as a model
+    that every rank holds whole; ps with it built on the meta device, so that no rank ever
+    holds it whole (each of the ``workers`` servers draws its rows, and the driver puts the
+    fitted table together from what they write under ``checkpoint_dir``)."""
     import numpy as np
     import pandas as pd
 
@@ -117,13 +120,14 @@ def compare_tables_under_budget(spark: Any, table_mb: int, rows: int = 256, work
     frame = pd.DataFrame({"dense": list(rng.normal(size=(rows, 4))),
                           "ids": list(rng.integers(0, per_feature, (rows, 2))),
                           "label": rng.integers(0, 2, rows).astype(float)})
+    kwargs = {"dense": 4, "tables": [per_feature] * 2, "dim": 16, "hidden": [8]}
     return fit_each(spark.createDataFrame(frame), workers, {
         strategy: TorchEstimator(
             model=nets.ClickModel, inputCols={"dense": "dense", "ids": "ids"},
-            inputShapes={"ids": [2]}, loss="bce", optimizer="adam", psOptimizer="adam",
-            modelKwargs={"dense": 4, "tables": [per_feature] * 2, "dim": 16, "hidden": [8]},
+            inputShapes={"ids": [2]}, loss="bce", optimizer="adagrad", psInitStd=0.05,
+            modelKwargs={**kwargs, "table_device": "meta" if strategy == "ps" else "cpu"},
             strategy=strategy, numWorkers=workers, epochs=1, batchSize=batch_size,
-            maxRetries=0, progress=False)
+            checkpointDir=f"{checkpoint_dir}/{strategy}", maxRetries=0, progress=False)
         for strategy in strategies})
 
 
@@ -144,7 +148,9 @@ def fit_each(data: Any, workers: int, estimators: dict[str, Any]) -> dict[str, d
                 outcome[name] = {"ok": False, "error": str(err)}
                 continue
             outcome[name] = {"ok": True, "history": model.history,
-                             "ranks": model.trainingSummary["ranks"]}
+                             "ranks": model.trainingSummary["ranks"],
+                             "parameters_mb": sum(p.numel() * p.element_size() for p in
+                                                  model.module().parameters()) / 2**20}
     finally:
         data.unpersist()
     return outcome

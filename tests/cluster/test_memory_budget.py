@@ -1,15 +1,16 @@
 """Memory claims under a budget that is really enforced: every Python worker of a
-local-cluster[2,1,2048] may map at most a set number of MiB (spark.executor.pyspark.memory,
+local-cluster[N,1,2048] may map at most a set number of MiB (spark.executor.pyspark.memory,
 an RLIMIT_AS on the worker).
 
-- 3400 MiB: an MLP of 256 MiB of weights (1 GiB with gradients and Adam's moments) runs out
-  of memory under ddp and trains under fsdp on 2 workers, where each rank holds half of the
+- 3400 MiB, 2 workers: an MLP of 256 MiB of weights (1 GiB with gradients and Adam's moments)
+  runs out of memory under ddp and trains under fsdp, where each rank holds half of the
   training state. Measured here: the same holds at 3100 and at 3700 MiB, so the cap has
   room either way.
-- 4400 MiB: an embedding table of 448 MiB under Adam runs out of memory under ddp and trains
-  under ps with 2 servers (issue 33).
+- 2900 MiB, 8 workers: an embedding table of 3072 MiB, more than a worker may map, runs out of
+  memory under ddp and trains under ps (issue 33), where it is built on the meta device and
+  each of 8 servers draws and trains an eighth of its rows.
 
-Its own driver (one SparkContext per process), about 6 minutes on 2 busy cores."""
+Its own driver (one SparkContext per process), about 8 minutes on 2 busy cores."""
 
 from __future__ import annotations
 
@@ -24,16 +25,20 @@ import pytest
 BENCH = str(Path(__file__).resolve().parents[2] / "bench")  # budget.py, shared with the bench
 BUDGET_MB, HIDDEN = 3400, [4096] * 5
 ROWS = 128  # 1 step of 64 rows per rank: the memory a step needs, without the 3 steps more
-TABLE_BUDGET_MB, TABLE_MB = 4400, 448
+TABLE_BUDGET_MB, TABLE_MB, SERVERS = 2900, 3072, 8
+ARENAS = {"spark.executorEnv.MALLOC_ARENA_MAX": "2"}  # glibc's arenas map the rest
 CODE = f"""
-import json, sys
+import json, sys, tempfile
 sys.path.insert(0, {BENCH!r})
 from budget import budget_session, compare_tables_under_budget, compare_under_budget
 outcome = {{}}
 spark = budget_session({BUDGET_MB})
 outcome["mlp"] = compare_under_budget(spark, {HIDDEN}, rows={ROWS})
-spark = budget_session({TABLE_BUDGET_MB})  # a new local-cluster, in the same driver
-outcome["table"] = compare_tables_under_budget(spark, {TABLE_MB}, rows={ROWS})
+# a new local-cluster, in the same driver
+spark = budget_session({TABLE_BUDGET_MB}, workers={SERVERS}, conf={ARENAS})
+with tempfile.TemporaryDirectory() as checkpoints:
+    outcome["table"] = compare_tables_under_budget(spark, {TABLE_MB}, checkpoints,
+                                                   rows={ROWS} * 4, workers={SERVERS})
 print(json.dumps(outcome))
 spark.stop()
 """
@@ -71,12 +76,12 @@ def test_a_model_over_the_budget_fails_under_ddp_and_trains_under_fsdp(outcome):
 @pytest.mark.slow
 @pytest.mark.cluster
 def test_an_embedding_table_over_the_budget_fails_under_ddp_and_trains_under_ps(outcome):
-    """A table of 448 MiB under Adam: ddp needs it, its gradient, DDP's bucket and two
-    moments on every rank (2240 MiB over the baseline) and runs out; ps holds half the rows
-    and their moments on each of 2 servers (672 MiB). Measured here: ps trains at 3600 MiB
-    and not at 3400 (every rank builds the whole table once before keeping its rows, and
-    rank 0 gathers it for the fitted model, after the servers dropped their moments); ddp
-    fails still at 5000."""
+    """A table of 3072 MiB under Adagrad, where a worker may map 2900 MiB: ddp builds it on
+    every rank and runs out. Under ps it is built on the meta device (no memory), each of 8
+    servers draws its eighth of the rows and holds them with their Adagrad sums (768 MiB),
+    and the driver puts the fitted table together from what the servers wrote. Measured
+    here: ps trains at 2900 MiB and not at 2750 (a worker maps about 1970 MiB before its
+    rows exist)."""
     sys.path.insert(0, BENCH)
     from budget import table_state_mb
 
@@ -84,5 +89,6 @@ def test_an_embedding_table_over_the_budget_fails_under_ddp_and_trains_under_ps(
     assert _out_of_memory(ddp), ddp
     assert ps["ok"], ps.get("error")
     assert len(ps["history"]) == 1 and ps["history"][0]["loss"] > 0
-    held = table_state_mb(TABLE_MB, servers=2)
-    assert [rank["state_mb"] <= held["ps"] + 1 for rank in ps["ranks"]] == [True, True]
+    assert ps["parameters_mb"] > TABLE_MB > TABLE_BUDGET_MB  # the fitted model holds it all
+    held = table_state_mb(TABLE_MB, servers=SERVERS)
+    assert [rank["state_mb"] <= held["ps"] + 1 for rank in ps["ranks"]] == [True] * SERVERS

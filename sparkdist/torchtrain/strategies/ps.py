@@ -16,12 +16,14 @@ skipped steps bound how far behind a slow rank falls.
 
 Servers and trainers share the barrier ranks (as in TorchRec's row-wise sharding): Spark
 gives every barrier task a partition of the data, so every rank trains, and ``k`` of them also
-serve. The model is built once on every rank (its tables must fit a rank while it is built);
-then each server keeps its rows and their optimizer state (1/k of them) and the rest frees
-the whole tables. In a checkpoint each server writes its own rows and their optimizer state
-through the store (:meth:`Tables.write`), and a resume reads them back on any number of
-servers; the fitted model holds the whole tables, gathered to rank 0, so the fitted
-TorchModel scores like any other.
+serve. The model is built once on every rank; then each server keeps its rows and their
+optimizer state (1/k of them) and the rest frees the whole tables. A table built on the meta
+device is never whole on any rank: each server draws its own rows (``psInitStd``). In a
+checkpoint each server writes its own rows and their optimizer state through the store
+(:meth:`Tables.write`), and a resume reads them back on any number of servers. The fitted
+model holds the whole tables, gathered to rank 0, so the fitted TorchModel scores like any
+other; the rows of meta tables the servers write under checkpointDir instead, and the driver
+puts them together (:mod:`sparkdist.torchtrain.shardfiles`).
 """
 
 from __future__ import annotations
