@@ -84,12 +84,16 @@ def test_ps_sends_a_fraction_of_ddps_bytes_and_holds_half_the_table(ddp_fit, ps_
 
 
 def test_the_ps_model_scores_and_loads_like_any_other(clicks, ps_fit, tmp_path):
-    ps_fit.write().save(str(tmp_path / "ps"))
-    loaded = TorchModel.load(str(tmp_path / "ps"))
-    first, second = (m.transform(clicks).select("probability").collect()
-                     for m in (ps_fit, loaded))
+    _scores_and_loads(ps_fit, clicks, tmp_path)
+
+
+def _scores_and_loads(model, df, tmp_path) -> None:
+    """Saved and loaded, ``model`` scores ``df`` as before, and better than chance."""
+    model.write().save(str(tmp_path / "saved"))
+    loaded = TorchModel.load(str(tmp_path / "saved"))
+    first, second = (m.transform(df).select("probability").collect() for m in (model, loaded))
     assert first == second
-    assert ps_fit.transform(clicks).where("prediction = label").count() / clicks.count() > 0.6
+    assert model.transform(df).where("prediction = label").count() / df.count() > 0.6
 
 
 def test_a_killed_server_resumes_from_its_shards_on_s3_to_the_uninterrupted_weights(
@@ -133,12 +137,7 @@ def test_a_table_on_the_meta_device_is_drawn_by_the_servers_and_put_together_on_
     assert not torch.equal(table, drawn.shards["interactions.table"].weight)
     mib = sum(TABLES) * 4 * 4 / 2**20  # float32 rows of dim 4
     assert all(rank["state_mb"] < 1.1 * mib for rank in two.trainingSummary["ranks"])
-    two.write().save(str(tmp_path / "saved"))
-    loaded = TorchModel.load(str(tmp_path / "saved"))
-    first, second = (m.transform(clicks).select("probability").collect()
-                     for m in (two, loaded))
-    assert first == second
-    assert two.transform(clicks).where("prediction = label").count() / clicks.count() > 0.6
+    _scores_and_loads(two, clicks, tmp_path)
 
 
 def _log_loss(model, df) -> float:
