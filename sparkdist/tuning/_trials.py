@@ -156,16 +156,18 @@ def run_trials(study: Any, run: TrialRun, count: int, parallelism: int,
 def rerun_interrupted(study: Any) -> int:
     """Trials a stopped driver left RUNNING (one Tuner drives a study at a time) are recorded
     FAIL, marked ``interrupted`` (not counted as run), and their Params queued to run again;
-    how many there were."""
+    how many there were. A trial stopped before its Params were drawn has none to repeat."""
     optuna = optuna_module()
     storage = study._storage  # Optuna's storage API; the study exposes no public handle
     left = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
     for trial in left:
         storage.set_trial_user_attr(trial._trial_id, "interrupted", True)
         storage.set_trial_user_attr(trial._trial_id, "error", "the driver stopped while the "
-                                    "trial ran; its Params are run again")
+                                    "trial ran; " + ("its Params are run again" if trial.params
+                                                     else "no Params were drawn yet"))
         storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL)
-        study.enqueue_trial(trial.params, skip_if_exists=False)
+        if trial.params:
+            study.enqueue_trial(trial.params, skip_if_exists=False)
     if left:
         _LOG.warning("%d trial(s) of study %r were left running by a driver that stopped: "
                      "recorded FAIL and queued again", len(left), study.study_name)

@@ -137,6 +137,26 @@ def test_a_study_in_sqlite_resumes_without_rerunning_finished_trials(assembled, 
         Tuner(estimator=_lr(), space=space, evaluator="auc", storage=storage).fit(assembled)
 
 
+def test_a_trial_stopped_before_its_params_were_drawn_is_failed_and_not_queued(assembled,
+                                                                              tmp_path):
+    import optuna
+
+    storage = f"sqlite:///{tmp_path}/study.db"
+    space = {"regParam": FloatDistribution(1e-3, 1.0, log=True)}
+    Tuner(estimator=_lr(), space=space, evaluator="auc", numTrials=1, studyName="early",
+          storage=storage).fit(assembled)
+    optuna.load_study(study_name="early", storage=storage).ask()  # RUNNING, no Params yet
+    model = Tuner(estimator=_lr(), space=space, evaluator="auc", numTrials=2,
+                  studyName="early", storage=storage).fit(assembled)
+    rows = model.trials.orderBy("number").collect()
+    assert [(r.number, r.state) for r in rows] == [(0, "COMPLETE"), (1, "FAIL"),
+                                                   (2, "COMPLETE")]
+    assert "no Params were drawn yet" in rows[1].error
+    waiting = optuna.load_study(study_name="early", storage=storage).get_trials(
+        states=(optuna.trial.TrialState.WAITING,))
+    assert waiting == [] and "regParam" in json.loads(rows[2].params)
+
+
 def test_a_tuner_model_saves_and_loads_with_its_best_model(assembled, tmp_path):
     from sparkdist.persist import load_model
 

@@ -111,17 +111,19 @@ DRIVER = textwrap.dedent('''
 
 
 def _kill_when_running(process, storage, complete, limit_s=240):
-    """SIGKILL ``process``'s group once ``complete`` trials finished and one is RUNNING."""
+    """SIGKILL ``process``'s group once ``complete`` trials finished and one is RUNNING with
+    its Params drawn (Optuna records a trial RUNNING before it stores its Params)."""
     import optuna
 
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline and process.poll() is None:
         try:
-            states = [t.state.name for t in
-                      optuna.load_study(study_name="killed", storage=storage).get_trials()]
+            trials = optuna.load_study(study_name="killed", storage=storage).get_trials()
         except Exception:  # the study is not created yet (KeyError), or sqlite is busy
-            states = []
-        if states.count("COMPLETE") >= complete and "RUNNING" in states:
+            trials = []
+        states = [t.state.name for t in trials]
+        if states.count("COMPLETE") >= complete and any(
+                t.state.name == "RUNNING" and t.params for t in trials):
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
             return states
