@@ -225,7 +225,7 @@ def test_drawn_rows_are_the_same_table_for_any_number_of_servers(servers):
 def test_rows_the_servers_wrote_are_put_together_for_the_fitted_model(tmp_path):
     """What the driver does with a fitted state that names the servers' files instead of a
     table (strategy="ps" with a meta table): the whole table, in the state's key order; a
-    file changed after it was written is refused."""
+    file changed after it was written is refused, and so is one removed."""
     from sparkdist.torchtrain.shardfiles import STORED_ROWS, stored_rows, with_stored_rows
 
     table = _initial()
@@ -240,4 +240,8 @@ def test_rows_the_servers_wrote_are_put_together_for_the_fitted_model(tmp_path):
     assert list(state) == keys and torch.equal(state["t.weight"], table)
     with pytest.raises(TrainingError, match=r"ps-server-0.pt is damaged \(SHA-256\): fit again"):
         with_stored_rows({STORED_ROWS: stored_rows(str(tmp_path), digests[::-1],
+                                                   {"t": (ROWS, DIM)}, keys)})
+    (tmp_path / "ps-server-1.pt").unlink()
+    with pytest.raises(TrainingError, match=r"ps-server-1.pt is missing: .* fit again"):
+        with_stored_rows({STORED_ROWS: stored_rows(str(tmp_path), digests,
                                                    {"t": (ROWS, DIM)}, keys)})
