@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import uuid
 from typing import Any
 
 import torch
@@ -59,6 +60,22 @@ def checked_file(url: str, digest: str,
 STORED_ROWS = "sparkdist.ps.stored_rows"
 
 
+#: The directories under a run's checkpoint directory where servers write rows for a model.
+MODEL_DIR = "ps-model-"
+
+
+def new_model_dir(run_dir: str) -> str:
+    return f"{run_dir}/{MODEL_DIR}{uuid.uuid4().hex[:12]}"
+
+
+def remove_model_dirs(run_dir: str) -> None:
+    """Remove what attempts before this one wrote for a model the driver never read (an
+    attempt killed, or a driver that failed putting the table together)."""
+    for name in store.listdir(run_dir):
+        if name.startswith(MODEL_DIR):
+            store.remove(f"{run_dir}/{name}")
+
+
 def stored_rows(where: str, digests: list[str], tables: dict[str, tuple[int, int]],
                 keys: list[str]) -> torch.Tensor:
     """The :data:`STORED_ROWS` entry: the servers' files under ``where`` (their SHA-256s, in
@@ -70,8 +87,8 @@ def stored_rows(where: str, digests: list[str], tables: dict[str, tuple[int, int
 
 def with_stored_rows(state: dict[str, Any]) -> dict[str, Any]:
     """``state`` with the tables its :data:`STORED_ROWS` entry names read from the servers'
-    files, each checked against its SHA-256 and loaded as tensors only; ``state`` itself
-    where it has no such entry."""
+    files, each checked against its SHA-256 and loaded as tensors only, and the files
+    removed (the model holds the rows now); ``state`` itself where it has no such entry."""
     if STORED_ROWS not in state:
         return state
     found = json.loads(bytes(state.pop(STORED_ROWS).tolist()))
@@ -89,4 +106,5 @@ def with_stored_rows(state: dict[str, Any]) -> dict[str, Any]:
             table[server::servers] = saved[name]["weight"]
         del saved
     state.update({f"{name}.weight": table for name, table in whole.items()})
+    store.remove(where)
     return {key: state[key] for key in found["keys"] if key in state}

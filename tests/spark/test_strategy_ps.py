@@ -119,7 +119,8 @@ def test_a_table_on_the_meta_device_is_drawn_by_the_servers_and_put_together_on_
         clicks, tmp_path):
     """No rank ever holds a meta table whole: each server draws its rows, and writes them
     for the fitted model, which the driver puts together. The same table on 1 or 2 servers;
-    the rows no batch touched are the drawn start; the model scores and loads."""
+    the rows no batch touched are the drawn start; the servers' files are removed once the
+    driver has read them; the model scores and loads."""
     from sparkdist.torchtrain.tables import Tables
 
     settings = {**CLICKS, "strategy": "ps", "psInitStd": 0.05,
@@ -137,6 +138,8 @@ def test_a_table_on_the_meta_device_is_drawn_by_the_servers_and_put_together_on_
     assert not torch.equal(table, drawn.shards["interactions.table"].weight)
     mib = sum(TABLES) * 4 * 4 / 2**20  # float32 rows of dim 4
     assert all(rank["state_mb"] < 1.1 * mib for rank in two.trainingSummary["ranks"])
+    assert not list(tmp_path.glob("*/*/ps-model-*"))  # read by the driver, then removed
+    assert list(tmp_path.glob("two/*/ckpt-*"))  # the checkpoints stay
     _scores_and_loads(two, clicks, tmp_path)
 
 

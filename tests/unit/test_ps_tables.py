@@ -224,24 +224,38 @@ def test_drawn_rows_are_the_same_table_for_any_number_of_servers(servers):
 
 def test_rows_the_servers_wrote_are_put_together_for_the_fitted_model(tmp_path):
     """What the driver does with a fitted state that names the servers' files instead of a
-    table (strategy="ps" with a meta table): the whole table, in the state's key order; a
-    file changed after it was written is refused, and so is one removed."""
-    from sparkdist.torchtrain.shardfiles import STORED_ROWS, stored_rows, with_stored_rows
+    table (strategy="ps" with a meta table): the whole table, in the state's key order, and
+    the files removed; a file changed after it was written is refused, and so is one
+    missing. What attempts before wrote is removed, the run's checkpoints are kept."""
+    from sparkdist.torchtrain.shardfiles import (
+        STORED_ROWS,
+        new_model_dir,
+        remove_model_dirs,
+        stored_rows,
+        with_stored_rows,
+    )
 
-    table = _initial()
+    table, run = _initial(), tmp_path / "run"
+    where = new_model_dir(str(run))
     digests = []
     for rank in range(2):
         tables = Tables(2, rank, 2, "adagrad")
         tables.hold("t", table)
-        digests.append(tables.write(str(tmp_path), state=False))
+        digests.append(tables.write(where, state=False))
     keys = ["bias", "t.weight"]
-    state = with_stored_rows({"bias": torch.ones(1), STORED_ROWS: stored_rows(
-        str(tmp_path), digests, {"t": (ROWS, DIM)}, keys)})
-    assert list(state) == keys and torch.equal(state["t.weight"], table)
+
+    def assembled(files):
+        return with_stored_rows({"bias": torch.ones(1), STORED_ROWS: stored_rows(
+            where, files, {"t": (ROWS, DIM)}, keys)})
+
     with pytest.raises(TrainingError, match=r"ps-server-0.pt is damaged \(SHA-256\): fit again"):
-        with_stored_rows({STORED_ROWS: stored_rows(str(tmp_path), digests[::-1],
-                                                   {"t": (ROWS, DIM)}, keys)})
-    (tmp_path / "ps-server-1.pt").unlink()
-    with pytest.raises(TrainingError, match=r"ps-server-1.pt is missing: .* fit again"):
-        with_stored_rows({STORED_ROWS: stored_rows(str(tmp_path), digests,
-                                                   {"t": (ROWS, DIM)}, keys)})
+        assembled(digests[::-1])
+    state = assembled(digests)
+    assert list(state) == keys and torch.equal(state["t.weight"], table)
+    assert not os.path.exists(where)  # the model holds the rows now
+    with pytest.raises(TrainingError, match=r"ps-server-0.pt is missing: .* fit again"):
+        assembled(digests)
+    (run / "ps-model-killed").mkdir()
+    (run / "ckpt-0000000001").write_bytes(b"a checkpoint")
+    remove_model_dirs(str(run))
+    assert os.listdir(run) == ["ckpt-0000000001"]

@@ -29,14 +29,18 @@ puts them together (:mod:`sparkdist.torchtrain.shardfiles`).
 from __future__ import annotations
 
 import functools
-import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from sparkdist import store
 from sparkdist.exceptions import ParamError, TrainingError
 from sparkdist.torchtrain import strategies
-from sparkdist.torchtrain.shardfiles import STORED_ROWS, stored_rows
+from sparkdist.torchtrain.shardfiles import (
+    STORED_ROWS,
+    new_model_dir,
+    remove_model_dirs,
+    stored_rows,
+)
 from sparkdist.torchtrain.strategies import ddp
 from sparkdist.torchtrain.tables import EMBEDDINGS, STATE_COPIES, RemoteEmbedding, Tables
 from sparkdist.torchtrain.tables_async import AsyncTables
@@ -191,6 +195,8 @@ class Strategy(ddp.Strategy):
             parent, _, child = name.rpartition(".")
             setattr(module.get_submodule(parent), child,
                     RemoteEmbedding(self.tables, name, original))
+        if self.drawn and self.context.rank == 0:
+            remove_model_dirs(str(self.spec.checkpoint.directory))
         super().setup(module)
 
     def _tables(self) -> Tables:
@@ -234,11 +240,12 @@ class Strategy(ddp.Strategy):
     def _stored_state(self) -> dict[str, Any] | None:
         """The dense layers' state on rank 0 and, in the tables' place, where every server
         wrote its rows (a directory of its own under checkpointDir, the one of the last
-        call removed: the loop keeps only the newest model state). Collective."""
+        call removed: the loop keeps only the newest model state; the driver removes this
+        one once it has read it). Collective."""
         import torch.distributed as dist
 
         self.tables.settle()
-        where = [f"{self.spec.checkpoint.directory}/ps-model-{uuid.uuid4().hex[:12]}"]
+        where = [new_model_dir(str(self.spec.checkpoint.directory))]
         dist.broadcast_object_list(where, src=0)
         digests: list[str | None] = [None] * self.context.world_size
         dist.all_gather_object(digests, self.tables.write(where[0], state=False))
